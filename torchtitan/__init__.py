@@ -1,0 +1,1 @@
+"""torchtitan: a readable Llama 3 pre-training framework."""

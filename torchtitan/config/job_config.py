@@ -1,0 +1,152 @@
+"""The run's configuration: one dataclass per TOML section.
+
+Every field has a default and a one-line help text (shown by `--help`). The types are the contract the parser
+enforces: int, float, str, bool, a Literal of allowed strings, `X | None`, or `list[X]`.
+Fields that a later feature needs live here too, so the file format stays stable as the framework grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+def opt(default, help: str):
+    """A config field: its default and its one-line help text."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Job:
+    config_file: str | None = opt(None, "TOML file to load; CLI overrides take precedence over it")
+    dump_folder: str = opt("./outputs", "root folder for everything a run writes (config, logs, tb, checkpoints)")
+    description: str = opt("", "free-text description printed in the run header")
+    print_config: bool = opt(True, "print the effective config at start (rank 0)")
+
+
+@dataclass
+class Model:
+    name: str = opt("llama3", "model family (registry key in torchtitan.models)")
+    flavor: str = opt("debugmodel", "model size: debugmodel, 1B, 3B, 8B, 70B, 405B")
+    tokenizer_path: str = opt("tests/assets/tokenizer/debug.model", "sentencepiece .model or HF tokenizer.json")
+    vocab_size: int | None = opt(None, "override the flavor's vocabulary size (must equal the tokenizer's)")
+    max_seq_len: int | None = opt(None, "override the RoPE table length (defaults to the flavor's)")
+
+
+@dataclass
+class Training:
+    local_batch_size: int = opt(8, "sequences per data-parallel rank per step")
+    seq_len: int = opt(2048, "tokens per sequence")
+    steps: int = opt(1000, "number of optimizer steps to train")
+    seed: int = opt(0, "seed for weight init and RNG; the same seed gives the same weights in any layout")
+    deterministic: bool = opt(False, "use deterministic algorithms (slower; for debugging)")
+    max_norm: float = opt(1.0, "clip gradients to this global L2 norm (<= 0 disables clipping)")
+    mixed_precision_param: Literal["bfloat16", "float32"] = opt(
+        "bfloat16", "dtype of parameters during forward/backward (FSDP2 MixedPrecisionPolicy)"
+    )
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = opt("float32", "dtype of the gradient reduction")
+    gc_freq: int = opt(50, "run Python garbage collection every N steps (automatic GC is disabled); 0 = leave GC on")
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = opt(1, "HSDP replicas (1 = plain FSDP)")
+    data_parallel_shard_degree: int = opt(-1, "FSDP shard degree; -1 = whatever the other degrees leave")
+    tensor_parallel_degree: int = opt(1, "tensor parallel degree")
+    pipeline_parallel_degree: int = opt(1, "pipeline parallel degree")
+    context_parallel_degree: int = opt(1, "context parallel degree")
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
+        "default", "free gathered parameters after forward: default = always except the root module"
+    )
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW"] = opt("AdamW", "optimizer")
+    lr: float = opt(8e-4, "peak learning rate")
+    beta1: float = opt(0.9, "Adam beta1")
+    beta2: float = opt(0.95, "Adam beta2")
+    eps: float = opt(1e-8, "Adam epsilon")
+    weight_decay: float = opt(0.1, "decoupled weight decay (applied to matrices only, not norms or embeddings)")
+    implementation: Literal["foreach", "fused", "for-loop"] = opt("foreach", "AdamW kernel implementation")
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = opt(200, "linear warmup steps from near 0 to optimizer.lr")
+    decay_ratio: float | None = opt(
+        None, "fraction of steps spent decaying at the end (warmup-stable-decay); None = decay right after warmup"
+    )
+    decay_type: Literal["linear", "cosine"] = opt("linear", "shape of the decay")
+    min_lr_factor: float = opt(0.0, "floor of the decay as a fraction of optimizer.lr")
+
+
+@dataclass
+class Data:
+    dataset: str = opt("debug_corpus", "built-in source: debug_corpus (offline, shipped) or c4 (HF hub, streaming)")
+    dataset_path: str | None = opt(None, "local .json/.jsonl/.parquet/.txt file, glob or folder (overrides the source's path)")
+    text_field: str = opt("text", "name of the text column in the dataset")
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = opt(False, "save and resume checkpoints")
+    folder: str = opt("checkpoint", "checkpoint folder, relative to job.dump_folder")
+    interval: int = opt(500, "save every N steps (and always at the last step)")
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full"] = opt("none", "activation checkpointing: none or full (recompute every block)")
+
+
+@dataclass
+class Float8:
+    enable: bool = opt(False, "train linear layers in float8 through torchao")
+
+
+@dataclass
+class Compile:
+    enable: bool = opt(False, "torch.compile each transformer block")
+
+
+@dataclass
+class Metrics:
+    log_freq: int = opt(10, "log metrics every N steps (and at step 1 and the last step)")
+    enable_tensorboard: bool = opt(True, "write TensorBoard event files under <dump_folder>/tb")
+    enable_jsonl: bool = opt(True, "write the same numbers to <dump_folder>/metrics.jsonl")
+    peak_tflops: float | None = opt(None, "peak dense TFLOPS of one device for MFU; None = table, else measured")
+    causal_flops: bool = opt(False, "count attention FLOPs halved for the causal mask (default: full, as Megatron/torchtitan)")
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = opt(False, "record torch.profiler traces")
+    save_traces_folder: str = opt("profile_traces", "trace folder, relative to job.dump_folder")
+    profile_freq: int = opt(10, "record one step every N steps")
+
+
+@dataclass
+class Comm:
+    init_timeout_seconds: int = opt(300, "timeout for process-group init and the first collectives")
+    train_timeout_seconds: int = opt(100, "timeout for collectives during training steps")
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    data: Data = field(default_factory=Data)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    float8: Float8 = field(default_factory=Float8)
+    compile: Compile = field(default_factory=Compile)
+    metrics: Metrics = field(default_factory=Metrics)
+    profiling: Profiling = field(default_factory=Profiling)
+    comm: Comm = field(default_factory=Comm)
