@@ -1,0 +1,274 @@
+"""Llama 3 in plain PyTorch, with Meta's module names (wq/wk/wv/wo, w1/w2/w3, attention_norm, ffn_norm).
+
+The model knows nothing about parallelism (it never imports torch.distributed); torchtitan/parallel applies
+FSDP/TP/PP/AC/compile to an already-built model. Construction follows build-on-meta -> parallelize ->
+materialize -> initialize:
+
+    with torch.device("meta"):
+        model = Transformer(args)
+    ...parallelize...
+    model.to_empty(device="cuda")
+    model.init_weights(seed, fill=None)   # fill: how a full value becomes this process's local part
+
+Things the parallel code may rely on:
+  * `layers` is an nn.ModuleDict keyed "0".."n-1", so a pipeline stage can delete layers and keep FQNs.
+  * `tok_embeddings`, `norm` and `output` may be set to None: without an embedding the input is taken as hidden
+    states; without `norm` the stage returns hidden states; without `output` (and untied) it returns normed
+    hidden states.
+  * Head counts are inferred from the projection widths (view(..., -1, head_dim)), so tensor parallelism can
+    shard wq/wk/wv column-wise and the local tensors just carry fewer heads.
+"""
+
+import math
+import re
+import zlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtitan.models.llama3.args import ModelArgs, RopeScaling
+
+# --------------------------------------------------------------------------------------------------------- RoPE
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """The head_dim/2 rotation frequencies theta^(-2i/head_dim), with Llama 3.1 scaling when given (fp32, CPU).
+
+    Llama 3.1 scaling (Meta's `apply_scaling`, llama-models/models/llama3/reference_impl/model.py; the
+    "llama3" rope_type in Hugging Face transformers), with wavelength = 2*pi/freq and L = original max positions:
+      wavelength < L / high_freq_factor  -> freq unchanged            (high frequencies: local position info)
+      wavelength > L / low_freq_factor   -> freq / factor             (low frequencies: stretched for long context)
+      otherwise, with s = (L / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor) in [0, 1]:
+                                         -> (1 - s) * freq / factor + s * freq
+    """
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device="cpu", dtype=torch.float32) / head_dim))
+    if scaling is None:
+        return freqs
+    orig = scaling.original_max_position_embeddings
+    low_wavelen = orig / scaling.low_freq_factor
+    high_wavelen = orig / scaling.high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    smooth = (orig / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    interpolated = (1 - smooth) * freqs / scaling.factor + smooth * freqs
+    scaled = torch.where(wavelen > low_wavelen, freqs / scaling.factor, interpolated)
+    return torch.where(wavelen < high_wavelen, freqs, scaled)
+
+
+def precompute_freqs_cis(args: ModelArgs) -> torch.Tensor:
+    """cos/sin of position * frequency, shape [max_seq_len, head_dim/2, 2], fp32.
+
+    Meta stores these as complex numbers e^(i*angle) ("cis"); we keep the same numbers as (real, imag) pairs in
+    a real tensor, because Module.to(torch.bfloat16) would silently drop the imaginary part of a complex buffer
+    and torch.compile handles real arithmetic better. The rotation is the same complex multiply, written out.
+    Built on CPU and moved to the current default device (meta while building on meta).
+    """
+    freqs = rope_frequencies(args.head_dim, args.rope_theta, args.rope_scaling)
+    angles = torch.outer(torch.arange(args.max_seq_len, device="cpu", dtype=torch.float32), freqs)
+    table = torch.stack((angles.cos(), angles.sin()), dim=-1)
+    return table.to(torch.get_default_device())  # honours an enclosing `with torch.device(...)`
+
+
+def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, S, H, head_dim] by the angles in freqs_cis [S, hd/2, 2].
+
+    This is Meta's form: view the pairs as complex numbers and multiply by e^(i*angle). (Hugging Face's
+    rotate_half form pairs x[i] with x[i + hd/2] instead; checkpoint conversion permutes wq/wk rows.)
+    Computed in fp32, returned in x's dtype.
+    """
+    pairs = x.float().unflatten(-1, (-1, 2))
+    real, imag = pairs.unbind(-1)
+    cos = freqs_cis[..., 0].float()[:, None, :]  # [S, 1, hd/2]: broadcast over batch and heads
+    sin = freqs_cis[..., 1].float()[:, None, :]
+    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+# ------------------------------------------------------------------------------------------------------- blocks
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, S, kv_heads, hd] -> [B, S, kv_heads * n_rep, hd]; query head h reads kv head h // n_rep (Meta's order)."""
+    if n_rep == 1:
+        return x
+    b, s, kv, hd = x.shape
+    return x[:, :, :, None, :].expand(b, s, kv, n_rep, hd).reshape(b, s, kv * n_rep, hd)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query attention: n_heads query heads share n_kv_heads key/value heads."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.n_rep = args.n_heads // args.n_kv_heads
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        # -1 heads: under tensor parallelism these are the local heads of this rank
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
+        k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: x + attention(norm(x)), then h + feed_forward(norm(h))."""
+
+    def __init__(self, layer_id: int, args: ModelArgs):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+# ---------------------------------------------------------------------------------------------------------- init
+
+# Wrappers that insert a path component without changing what the parameter is: activation checkpointing,
+# torch.compile (OptimizedModule) and FSDP1. Removing them keeps init values independent of wrapping.
+_WRAPPER_INFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+_LAYER_WEIGHT = re.compile(r"layers\.(\d+)\.(attention|feed_forward)\.(wq|wk|wv|wo|w1|w2|w3)\.weight")
+
+Fill = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def normalize_fqn(fqn: str) -> str:
+    """The parameter's name with wrapper infixes removed, e.g. layers.0._checkpoint_wrapped_module.x -> layers.0.x."""
+    for infix in _WRAPPER_INFIXES:
+        fqn = fqn.replace(infix, "")
+    return fqn
+
+
+def copy_full(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Default `fill`: the parameter is unsharded, so it takes the whole value."""
+    if hasattr(param, "device_mesh"):
+        raise TypeError("init_weights: parameter is a DTensor; pass a fill that keeps the local shard")
+    param.copy_(full)
+
+
+# -------------------------------------------------------------------------------------------------------- model
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        # Tied embeddings: no `output` module at all; forward multiplies by tok_embeddings.weight. One parameter
+        # under one name keeps state dicts, DCP and FSDP simple. With FSDP, keep tok_embeddings in the root's
+        # parameter group (do not fully_shard it alone), so its weight is still unsharded at the output matmul.
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Not persistent: derived from args, so it is neither checkpointed nor loaded.
+        self.register_buffer("freqs_cis", precompute_freqs_cis(args), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, S] int64 -> logits [B, S, vocab] in the compute dtype (the trainer upcasts for the loss).
+
+        A pipeline stage without tok_embeddings takes hidden states [B, S, dim] instead of tokens, and one
+        without norm returns hidden states.
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        seqlen = h.shape[1]
+        if seqlen > self.freqs_cis.shape[0]:
+            raise ValueError(f"sequence length {seqlen} exceeds model max_seq_len={self.freqs_cis.shape[0]}")
+        freqs_cis = self.freqs_cis[:seqlen]
+        for layer in self.layers.values():
+            h = layer(h, freqs_cis)
+        if self.norm is None:
+            return h
+        h = self.norm(h)
+        if self.output is not None:
+            return self.output(h)
+        if self.args.tie_embeddings:
+            if self.tok_embeddings is None:
+                raise RuntimeError("tied output projection needs tok_embeddings in the same module (stage)")
+            return F.linear(h, self.tok_embeddings.weight)
+        return h
+
+    # ---- initialization ------------------------------------------------------------------------------------
+
+    def _init_rule(self, fqn: str) -> tuple[str, float, float]:
+        """(distribution, std, cutoff in stds) for a normalized parameter name."""
+        args = self.args
+        if fqn == "tok_embeddings.weight":
+            return "normal", 1.0, math.inf
+        if fqn == "output.weight":
+            return "trunc_normal", args.dim**-0.5, 3.0
+        if fqn == "norm.weight" or fqn.endswith(("attention_norm.weight", "ffn_norm.weight")):
+            return "ones", 0.0, 0.0
+        m = _LAYER_WEIGHT.fullmatch(fqn)
+        if m is None:
+            raise RuntimeError(f"init_weights: no init rule for parameter {fqn!r}")
+        if m.group(3) in ("wq", "wk", "wv", "w1"):
+            return "trunc_normal", 0.02, 2.0
+        # Projections writing into the residual stream: smaller, so the residual variance grows slowly.
+        depth = int(m.group(1)) + 1 if args.depth_init else args.n_layers
+        return "trunc_normal", 0.02 / math.sqrt(2 * depth), 2.0
+
+    def init_value(self, fqn: str, shape: torch.Size, seed: int) -> torch.Tensor:
+        """The full (unsharded) initial value of parameter `fqn`, fp32 on CPU; a function of (seed, fqn) only."""
+        fqn = normalize_fqn(fqn)
+        kind, std, cutoff = self._init_rule(fqn)
+        if kind == "ones":
+            return torch.ones(shape, device="cpu", dtype=torch.float32)
+        gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(f"{seed}/{fqn}".encode()))
+        value = torch.empty(shape, device="cpu", dtype=torch.float32)
+        if kind == "normal":
+            return value.normal_(0.0, std, generator=gen)
+        return nn.init.trunc_normal_(value, 0.0, std, -cutoff * std, cutoff * std, generator=gen)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0, fill: Fill | None = None) -> None:
+        """Initialize every parameter (and recompute freqs_cis) independently of the parallel layout.
+
+        Each parameter's full value is drawn on CPU in fp32 from a generator seeded with
+        crc32(f"{seed}/{fqn}"), where fqn is the parameter name with wrapper infixes removed, and handed to
+        fill(param, full_value), which copies the part this process owns (default: all of it). So for one seed
+        the full weights are identical whatever the sharding, wrapping, or which layers a pipeline stage kept.
+        The cost is generating each full tensor on every process: fine up to ~70B; beyond, a seed checkpoint
+        is cheaper.
+
+        Scheme (std; trunc_normal cuts at +-cutoff*std):
+          tok_embeddings            normal, std 1.0
+          wq, wk, wv, w1            trunc_normal, std 0.02, cutoff 2
+          wo, w2, w3 (layer i)      trunc_normal, std 0.02/sqrt(2*(i+1)) if depth_init else 0.02/sqrt(2*n_layers),
+                                    cutoff 2
+          output                    trunc_normal, std dim**-0.5, cutoff 3
+          RMSNorm weights           ones
+        """
+        fill = fill or copy_full
+        for fqn, param in self.named_parameters():  # modules set to None are simply absent
+            fill(param, self.init_value(fqn, param.shape, seed))  # DTensor .shape is the global shape
+        # to_empty() left the buffer uninitialized
+        self.freqs_cis.copy_(precompute_freqs_cis(self.args).to(self.freqs_cis.device))
