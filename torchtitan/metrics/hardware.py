@@ -1,0 +1,224 @@
+"""Peak FLOPS of the device: the denominator of MFU.
+
+One table of datasheet peaks, shared by the live metrics and by the estimator, so the two never disagree.
+Rules that keep MFU honest:
+  * the table holds DENSE peaks. NVIDIA datasheets headline the 2:4-sparse figure (marked "*" there);
+    training matmuls are dense, so every sparse number is halved here.
+  * a device name is mapped to a table entry only when it matches a known pattern exactly; anything else
+    (a new GPU, a MIG slice, a cut-down export part) is NOT treated as the nearest known device. It is
+    measured with a short matmul calibration, and the run header says so. `metrics.peak_tflops` overrides all.
+"""
+
+import math
+import platform
+import re
+import time
+from dataclasses import dataclass
+
+import torch
+
+from torchtitan.errors import UserError
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str  # canonical key, e.g. "H100 SXM"
+    bf16_tflops: float  # dense BF16 tensor-core peak, one device
+    fp8_tflops: float | None  # dense FP8 peak; None: the device has no FP8 matmul
+    memory_gib: float  # HBM per device as sold for training (the estimator's default budget)
+
+
+# Sources (dense = sparse / 2 wherever the datasheet lists the sparse figure):
+#   A100:      NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TF (624 sparse), no FP8. 40 GB and 80 GB parts
+#              have the same peak; 80 GB is listed as the memory.
+#   H100 SXM:  NVIDIA H100 datasheet, SXM column: BF16 1,979* TF, FP8 3,958* TF (* = with sparsity), 80 GB.
+#   H100 NVL:  same datasheet, NVL column: BF16 1,671*, FP8 3,341*, 94 GB.
+#   H100 PCIe: same datasheet, PCIe column: BF16 1,513*, FP8 3,026*, 80 GB.
+#   H200:      NVIDIA H200 datasheet, SXM column: BF16 1,979*, FP8 3,958*, 141 GB (same compute as H100 SXM).
+#   H200 NVL:  same datasheet, NVL column: BF16 1,671*, FP8 3,341*, 141 GB. It is a lower-power PCIe card with
+#              the H100 NVL's compute, so it gets its own entry: mapping it to "H200" would overstate the
+#              peak by 18% and understate MFU.
+#   L40S:      NVIDIA L40S datasheet: BF16 362.05 TF (733* sparse), FP8 733 TF (1,466* sparse), 48 GB.
+#   B200:      NVIDIA HGX B200 datasheet: 8 GPUs give FP16/BF16 36 PF* and FP8 72 PF* -> per GPU dense
+#              2.25 PF BF16 and 4.5 PF FP8; 180 GB per GPU.
+#   MI300X:    AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense, FP8 2,614.9 TF dense, 192 GB.
+# Hopper's FP8 is exactly twice its BF16 (the project's convention rounds H100 SXM to 989), so the Hopper
+# FP8 figures are written as 2x.
+DEVICE_SPECS: dict[str, DeviceSpec] = {
+    s.name: s
+    for s in [
+        DeviceSpec("A100", 312.0, None, 80.0),
+        DeviceSpec("H100 SXM", 989.0, 2 * 989.0, 80.0),
+        DeviceSpec("H100 NVL", 835.0, 2 * 835.0, 94.0),
+        DeviceSpec("H100 PCIe", 756.0, 2 * 756.0, 80.0),
+        DeviceSpec("H200", 989.0, 2 * 989.0, 141.0),
+        DeviceSpec("H200 NVL", 835.0, 2 * 835.0, 141.0),
+        DeviceSpec("L40S", 362.0, 733.0, 48.0),
+        DeviceSpec("B200", 2250.0, 4500.0, 180.0),
+        DeviceSpec("MI300X", 1307.0, 2615.0, 192.0),
+    ]
+}
+
+# What torch.cuda.get_device_name() returns, matched against the WHOLE (whitespace-normalised, case-folded)
+# string. Full matches mean a longer or different name never slips in: "NVIDIA RTX A1000" is not an A100,
+# "NVIDIA L40" is not an L40S, "NVIDIA GB200" is not a B200, "NVIDIA H800" is not an H100, and a MIG slice
+# ("NVIDIA A100-SXM4-40GB MIG 1g.5gb") owns only a fraction of the device's SMs, so it is measured instead.
+# The vendor prefix is optional for NVIDIA because older drivers report e.g. "A100-SXM4-40GB".
+_NV = r"(nvidia )?"
+_MEM = r"( \d+gb)?"
+_NAME_PATTERNS: list[tuple[str, str]] = [
+    (_NV + r"a100([- ](sxm\d?|pcie|\d+gb))*", "A100"),  # A100-SXM4-80GB, A100-PCIE-40GB, A100 80GB PCIe
+    (_NV + r"h100 nvl", "H100 NVL"),
+    (_NV + r"h100 pcie" + _MEM, "H100 PCIe"),
+    # The SXM5 part reports "NVIDIA H100 80GB HBM3": HBM3 is what distinguishes it from the PCIe card
+    # (HBM2e). A bare "NVIDIA H100" is ambiguous and therefore left unmatched.
+    (_NV + r"h100( sxm\d?)?" + _MEM + r" hbm3", "H100 SXM"),
+    (_NV + r"h100 sxm\d?" + _MEM, "H100 SXM"),
+    (_NV + r"h200 nvl", "H200 NVL"),
+    (_NV + r"h200( sxm\d?)?" + _MEM + r"( hbm3e)?", "H200"),
+    (_NV + r"l40s", "L40S"),
+    (_NV + r"b200" + _MEM + r"( hbm3e)?", "B200"),
+    # "VF" is the SR-IOV name cloud VMs see for a whole passed-through MI300X.
+    (r"(amd )?(instinct )?mi300x( vf)?", "MI300X"),
+]
+
+
+def match_device(name: str) -> str | None:
+    """Canonical DEVICE_SPECS key for a torch.cuda.get_device_name() string, or None if it is not known."""
+    norm = " ".join(name.split()).lower()
+    for pattern, key in _NAME_PATTERNS:
+        if re.fullmatch(pattern, norm):
+            return key
+    return None
+
+
+def _slug(name: str) -> str:
+    return name.lower().replace(" ", "-")
+
+
+def device_spec(name: str) -> DeviceSpec:
+    """Look up a spec by canonical key ("H100 SXM"), slug ("h100-sxm") or a real device name (estimator CLI)."""
+    for key, spec in DEVICE_SPECS.items():
+        if name == key or _slug(name) == _slug(key):
+            return spec
+    key = match_device(name)
+    if key is None:
+        valid = ", ".join(_slug(k) for k in DEVICE_SPECS)
+        raise UserError(f"unknown hardware {name!r}: valid names are {valid}")
+    return DEVICE_SPECS[key]
+
+
+@dataclass
+class PeakFlops:
+    # bf16_tflops: dense peak for the run's matmul dtype (the table lists BF16; a CPU fp32 run measures fp32)
+    bf16_tflops: float
+    fp8_tflops: float | None  # None: no FP8 peak known, so no mixed FP8/BF16 MFU can be reported
+    source: str  # where the numbers came from, printed in the run header
+    device_name: str
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":  # also ROCm, which presents itself as cuda
+        torch.cuda.synchronize(device)
+    elif device.type != "cpu":  # xpu, mps, ... expose the same call
+        getattr(torch, device.type).synchronize()
+
+
+def _calibration_size(device: torch.device) -> int:
+    # Large enough to reach the tensor cores' steady state, small enough to finish in well under a second:
+    # 8192^3 is ~1.1 TFLOP (about 1 ms on an H100); 1024^3 is ~2 GFLOP (a few ms on a CPU core).
+    return {"cuda": 8192, "cpu": 1024}.get(device.type, 2048)
+
+
+def _is_float8(dtype: torch.dtype) -> bool:
+    return "float8" in str(dtype)
+
+
+def calibrate_tflops(
+    device: torch.device | str, dtype: torch.dtype, seconds: float = 0.5, size: int | None = None
+) -> float:
+    """Best observed TFLOPS of a square `size`^3 matmul in `dtype` on `device`, measured for about `seconds`."""
+    device = torch.device(device)
+    if _is_float8(dtype):  # a plain fp8 `a @ b` does not exist (it needs scaled_mm): measure bf16 instead
+        dtype = torch.bfloat16
+    n = size or _calibration_size(device)
+    # CPU timing is coarse enough per call; on an accelerator one launch is too short to time alone.
+    reps = 1 if device.type == "cpu" else 10
+    with torch.no_grad():
+        g = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+        b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+        c = torch.empty(n, n, device=device, dtype=dtype)
+        # Warm up: the BLAS library picks its kernel and a GPU ramps its clocks before we start timing.
+        for _ in range(3):
+            torch.mm(a, b, out=c)
+        _sync(device)
+        best = 0.0
+        deadline = time.perf_counter() + seconds
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(a, b, out=c)
+            _sync(device)
+            dt = time.perf_counter() - t0
+            best = max(best, 2 * n**3 * reps / dt)  # a matmul is n^3 multiply-adds = 2n^3 FLOPs
+            if time.perf_counter() >= deadline:
+                break
+    return best / 1e12
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return f"{_cpu_name()} ({torch.get_num_threads()} threads)"
+    return device.type
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float32", "fp32")
+
+
+def resolve_peak(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    override_tflops: float | None,
+    override_fp8_tflops: float | None = None,
+    seconds: float = 0.5,
+) -> PeakFlops:
+    """The peak MFU is measured against: the override, else the datasheet table (CUDA), else a calibration.
+
+    `dtype` is the matmul dtype of the run; it only matters when measuring. With an override the FP8 peak
+    is unknown unless `override_fp8_tflops` is given too (the table's ratio is not assumed to hold for a
+    device whose BF16 peak the user had to correct).
+    """
+    device = torch.device(device)
+    name = _device_name(device)
+    if override_tflops is not None:
+        if not (math.isfinite(override_tflops) and override_tflops > 0):
+            raise UserError(f"metrics.peak_tflops = {override_tflops!r}: must be a positive number of TFLOPS")
+        return PeakFlops(override_tflops, override_fp8_tflops, "metrics.peak_tflops override", name)
+    if device.type == "cuda":
+        key = match_device(name)
+        if key is not None:
+            spec = DEVICE_SPECS[key]
+            return PeakFlops(spec.bf16_tflops, spec.fp8_tflops, f"table: {key} (dense bf16)", name)
+    if _is_float8(dtype):
+        dtype = torch.bfloat16
+    n = _calibration_size(device)
+    measured = calibrate_tflops(device, dtype, seconds=seconds, size=n)
+    source = f"measured: {n}^3 {_dtype_name(dtype)} matmul calibration on {device.type}"
+    if device.type != "cpu":
+        source += f" ({name!r} is not in the peak table; set metrics.peak_tflops to use its datasheet value)"
+    return PeakFlops(measured, None, source, name)
