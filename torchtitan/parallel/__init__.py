@@ -1,0 +1,47 @@
+"""Parallelism applied to an already-built model. The model itself knows nothing about any of it.
+
+`parallelize` applies the techniques in one fixed order; `init_weights_distributed` gives every rank its shard
+of the layout-independent initial weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from .dims import ParallelDims
+from .distributed import init_distributed, pick_device, set_collective_timeout
+from .fsdp import apply_fsdp
+
+__all__ = ["ParallelDims", "init_distributed", "pick_device", "set_collective_timeout", "parallelize", "fill_shard"]
+
+
+def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Module:
+    """Apply parallelism to a model built on the meta device. Order: FSDP2 (always, over the dp mesh).
+
+    FSDP is applied even on a 1-rank mesh so that mixed precision behaves the same at every scale.
+    """
+    t = cfg.training
+    apply_fsdp(
+        model,
+        dims.mesh("fsdp"),
+        param_dtype=t.mixed_precision_param,
+        reduce_dtype=t.mixed_precision_reduce,
+        reshard_after_forward=cfg.parallelism.fsdp_reshard_after_forward,
+    )
+    return model
+
+
+@torch.no_grad()
+def fill_shard(param: torch.Tensor, full_value: torch.Tensor) -> None:
+    """Copy this rank's part of a parameter's full (unsharded) initial value into it.
+
+    `distribute_tensor(..., src_data_rank=None)` slices locally with the same chunking the sharded parameter
+    uses, so no communication happens and every layout ends up holding pieces of the same full tensor.
+    """
+    if isinstance(param, DTensor):
+        full_value = full_value.to(device=param.device, dtype=param.dtype)
+        local = distribute_tensor(full_value, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(full_value)

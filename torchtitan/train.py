@@ -1,0 +1,168 @@
+"""The training loop, readable top to bottom: build -> step* -> finish.
+
+    python train.py --job.config_file train_configs/debug_model.toml          # one process
+    torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
+from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
+from torchtitan.errors import UserError
+from torchtitan.log import init_logger, logger
+from torchtitan.metrics import MetricsProcessor, resolve_peak
+from torchtitan.models import get_model_class, model_args_from_config
+from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from torchtitan.parallel import (
+    ParallelDims,
+    fill_shard,
+    init_distributed,
+    parallelize,
+    pick_device,
+    set_collective_timeout,
+)
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy, computed in fp32 whatever the compute dtype (bf16 log-softmax loses digits)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def train(cfg: JobConfig) -> None:
+    # ---- build -------------------------------------------------------------------------------------------------
+    device = pick_device()
+    rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
+    dump = cfg.job.dump_folder
+    init_logger(rank, os.path.join(dump, "logs"))
+    dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    dims.build_mesh(device.type)
+    dp_rank = dims.mesh("dp").get_local_rank()
+    torch.manual_seed(cfg.training.seed)
+    if cfg.training.deterministic:
+        torch.use_deterministic_algorithms(True)
+
+    if rank == 0:
+        os.makedirs(dump, exist_ok=True)
+        with open(os.path.join(dump, "config.toml"), "w") as f:
+            f.write(to_toml(cfg))
+        if cfg.job.print_config:
+            logger.info("effective config (also saved to %s/config.toml):\n%s", dump, to_toml(cfg))
+
+    tokenizer = build_tokenizer(cfg.model.tokenizer_path)
+    model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
+
+    # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
+    with torch.device("meta"):
+        model = get_model_class(cfg.model.name)(model_args)
+    parallelize(model, dims, cfg)
+    model.to_empty(device=device)
+    model.init_weights(cfg.training.seed, fill=fill_shard)
+    model.train()
+
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_lr_scheduler(optimizer, cfg)
+    t = cfg.training
+    dataloader = build_dataloader(
+        dataset=cfg.data.dataset,
+        dataset_path=cfg.data.dataset_path,
+        text_field=cfg.data.text_field,
+        tokenizer=tokenizer,
+        dp_rank=dp_rank,
+        dp_world_size=dims.dp,
+        batch_size=t.local_batch_size,
+        seq_len=t.seq_len,
+    )
+
+    flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
+    compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
+    peak = resolve_peak(device, compute_dtype, cfg.metrics.peak_tflops)
+    metrics = MetricsProcessor(
+        cfg=cfg,
+        dims=dims,
+        device=device,
+        rank=rank,
+        flops_per_token=flops_per_token,
+        peak=peak,
+        tokens_per_step_per_dp_rank=t.local_batch_size * t.seq_len,
+        dump_folder=dump,
+    )
+    header = [
+        f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
+        f" ({model_args.num_flop_params():,} in matmuls), {world_size} x {device.type}",
+        f"parallelism: {dims.describe()}",
+        f"batch: {t.local_batch_size} x {t.seq_len} tokens per dp rank, {dims.dp} dp ranks,"
+        f" {t.local_batch_size * t.seq_len * dims.dp:,} tokens per step, {t.steps} steps",
+        f"flops/token: {flops_per_token:,.0f} ("
+        + ("causal attention halved" if cfg.metrics.causal_flops else "full attention, 6N + 12*L*H*D*S")
+        + ")",
+        f"MFU peak: {metrics.peak.bf16_tflops:.2f} TFLOPS per device from {metrics.peak.source}",
+    ]
+    for line in header:
+        logger.info(line)
+    metrics.write_text("run/header", "\n\n".join(header))
+
+    # Python's cyclic GC can pause a rank for ~100 ms at random steps; collect at fixed steps instead, on all ranks.
+    if t.gc_freq > 0:
+        gc.disable()
+        gc.collect(1)
+    set_collective_timeout(cfg.comm.train_timeout_seconds)
+
+    # ---- train -------------------------------------------------------------------------------------------------
+    data_iter = iter(dataloader)
+    for step in range(1, t.steps + 1):
+        if t.gc_freq > 0 and step % t.gc_freq == 0:
+            gc.collect(1)
+        data_start = time.perf_counter()
+        inputs, labels = next(data_iter)
+        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        data_time = time.perf_counter() - data_start
+
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(inputs)
+        loss = cross_entropy_loss(logits, labels)
+        del logits  # the largest activation; free it before backward allocates gradients
+        loss.backward()
+        grad_norm = clip_grad_norm_(model.parameters(), t.max_norm)
+        optimizer.step()
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+
+        if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
+            logger.info(metrics.last_line)
+
+    # ---- finish ------------------------------------------------------------------------------------------------
+    metrics.close()
+    logger.info("training finished after %d steps", t.steps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return 0
+    try:
+        cfg = parse_args(argv)
+        validate(cfg)
+        train(cfg)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
