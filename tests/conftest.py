@@ -32,12 +32,22 @@ def train_env(**extra) -> dict:
     return env
 
 
-def run_train(nproc: int, args: list[str], timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_train(
+    nproc: int, args: list[str], timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """`python train.py` for nproc == 1, else torchrun --standalone with nproc local workers."""
     if nproc == 1:
         cmd = [sys.executable, "train.py", *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "train.py",
+            *args,
+        ]
     r = subprocess.run(cmd, cwd=ROOT, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         sys.stderr.write(r.stdout[-5000:] + r.stderr[-5000:])

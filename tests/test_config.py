@@ -117,7 +117,7 @@ def test_round_trip_of_saved_config(tmp_path):
             "--job.config_file",
             str(ROOT / "train_configs/debug_model.toml"),
             "--training.steps=3",
-            "--job.description=a \"quoted\" text",
+            '--job.description=a "quoted" text',
             "--metrics.peak_tflops=12.5",
         ]
     )
@@ -152,7 +152,10 @@ def run_cli(*args):
 def test_cli_error_is_one_line_exit_2_no_traceback():
     r = run_cli("--training.stepz=3")
     assert r.returncode == 2
-    assert r.stderr.strip() == "error: command line: unknown key 'training.stepz'; did you mean 'training.steps'?"
+    assert (
+        r.stderr.strip()
+        == "error: command line: unknown key 'training.stepz'; did you mean 'training.steps'?"
+    )
     assert "Traceback" not in r.stdout + r.stderr
 
 

@@ -8,7 +8,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 
-def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+def build_optimizer(model_parts: list[torch.nn.Module], cfg) -> torch.optim.Optimizer:
     """AdamW with decoupled weight decay on matrices only.
 
     Norm gains and the token embedding are not decayed (decaying a gain pulls it toward 0, which is not
@@ -16,16 +16,21 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     """
     o = cfg.optimizer
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    named = [(name, p) for part in model_parts for name, p in part.named_parameters()]
+    for name, p in named:
         if not p.requires_grad:
             continue
         (no_decay if p.ndim < 2 or "tok_embeddings" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}[o.implementation]
+    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}[
+        o.implementation
+    ]
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **impl)
 
 
-def lr_factor(step: int, total_steps: int, warmup_steps: int, decay_ratio, decay_type: str, min_lr_factor: float) -> float:
+def lr_factor(
+    step: int, total_steps: int, warmup_steps: int, decay_ratio, decay_type: str, min_lr_factor: float
+) -> float:
     """Multiplier of the peak LR for optimizer step `step` (1-based): warmup -> stable -> decay.
 
     Warmup rises linearly to 1 over `warmup_steps` (step 1 gets 1/(warmup+1), never 0, so the first step learns).

@@ -1,7 +1,7 @@
 """The training loop, readable top to bottom: build -> step* -> finish.
 
-    python train.py --job.config_file train_configs/debug_model.toml          # one process
-    torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
+python train.py --job.config_file train_configs/debug_model.toml          # one process
+torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
 """
 
 from __future__ import annotations
@@ -36,6 +36,18 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
+def forward_backward(
+    model_parts: list[torch.nn.Module], inputs: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """One forward and backward pass over a batch; returns the (detached) loss."""
+    (model,) = model_parts
+    logits = model(inputs)
+    loss = cross_entropy_loss(logits, labels)
+    del logits  # the largest activation; free it before backward allocates gradients
+    loss.backward()
+    return loss.detach()
+
+
 def train(cfg: JobConfig) -> None:
     # ---- build -------------------------------------------------------------------------------------------------
     device = pick_device()
@@ -61,14 +73,16 @@ def train(cfg: JobConfig) -> None:
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
 
     # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
+    # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
-    parallelize(model, dims, cfg)
-    model.to_empty(device=device)
-    model.init_weights(cfg.training.seed, fill=fill_shard)
-    model.train()
+    model_parts = [parallelize(model, dims, cfg)]
+    for part in model_parts:
+        part.to_empty(device=device)
+        part.init_weights(cfg.training.seed, fill=fill_shard)
+        part.train()
 
-    optimizer = build_optimizer(model, cfg)
+    optimizer = build_optimizer(model_parts, cfg)
     scheduler = build_lr_scheduler(optimizer, cfg)
     t = cfg.training
     dataloader = build_dataloader(
@@ -127,11 +141,8 @@ def train(cfg: JobConfig) -> None:
         data_time = time.perf_counter() - data_start
 
         optimizer.zero_grad(set_to_none=True)
-        logits = model(inputs)
-        loss = cross_entropy_loss(logits, labels)
-        del logits  # the largest activation; free it before backward allocates gradients
-        loss.backward()
-        grad_norm = clip_grad_norm_(model.parameters(), t.max_norm)
+        loss = forward_backward(model_parts, inputs, labels)
+        grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
         optimizer.step()
         lr = scheduler.get_last_lr()[0]
         scheduler.step()

@@ -21,7 +21,9 @@ def opt(default, help: str):
 @dataclass
 class Job:
     config_file: str | None = opt(None, "TOML file to load; CLI overrides take precedence over it")
-    dump_folder: str = opt("./outputs", "root folder for everything a run writes (config, logs, tb, checkpoints)")
+    dump_folder: str = opt(
+        "./outputs", "root folder for everything a run writes (config, logs, tb, checkpoints)"
+    )
     description: str = opt("", "free-text description printed in the run header")
     print_config: bool = opt(True, "print the effective config at start (rank 0)")
 
@@ -30,7 +32,9 @@ class Job:
 class Model:
     name: str = opt("llama3", "model family (registry key in torchtitan.models)")
     flavor: str = opt("debugmodel", "model size: debugmodel, 1B, 3B, 8B, 70B, 405B")
-    tokenizer_path: str = opt("tests/assets/tokenizer/debug.model", "sentencepiece .model or HF tokenizer.json")
+    tokenizer_path: str = opt(
+        "tests/assets/tokenizer/debug.model", "sentencepiece .model or HF tokenizer.json"
+    )
     vocab_size: int | None = opt(None, "override the flavor's vocabulary size (must equal the tokenizer's)")
     max_seq_len: int | None = opt(None, "override the RoPE table length (defaults to the flavor's)")
 
@@ -47,7 +51,9 @@ class Training:
         "bfloat16", "dtype of parameters during forward/backward (FSDP2 MixedPrecisionPolicy)"
     )
     mixed_precision_reduce: Literal["float32", "bfloat16"] = opt("float32", "dtype of the gradient reduction")
-    gc_freq: int = opt(50, "run Python garbage collection every N steps (automatic GC is disabled); 0 = leave GC on")
+    gc_freq: int = opt(
+        50, "run Python garbage collection every N steps (automatic GC is disabled); 0 = leave GC on"
+    )
 
 
 @dataclass
@@ -69,7 +75,9 @@ class Optimizer:
     beta1: float = opt(0.9, "Adam beta1")
     beta2: float = opt(0.95, "Adam beta2")
     eps: float = opt(1e-8, "Adam epsilon")
-    weight_decay: float = opt(0.1, "decoupled weight decay (applied to matrices only, not norms or embeddings)")
+    weight_decay: float = opt(
+        0.1, "decoupled weight decay (applied to matrices only, not norms or embeddings)"
+    )
     implementation: Literal["foreach", "fused", "for-loop"] = opt("foreach", "AdamW kernel implementation")
 
 
@@ -77,7 +85,8 @@ class Optimizer:
 class LRScheduler:
     warmup_steps: int = opt(200, "linear warmup steps from near 0 to optimizer.lr")
     decay_ratio: float | None = opt(
-        None, "fraction of steps spent decaying at the end (warmup-stable-decay); None = decay right after warmup"
+        None,
+        "fraction of steps spent decaying at the end (warmup-stable-decay); None = decay right after warmup",
     )
     decay_type: Literal["linear", "cosine"] = opt("linear", "shape of the decay")
     min_lr_factor: float = opt(0.0, "floor of the decay as a fraction of optimizer.lr")
@@ -85,8 +94,12 @@ class LRScheduler:
 
 @dataclass
 class Data:
-    dataset: str = opt("debug_corpus", "built-in source: debug_corpus (offline, shipped) or c4 (HF hub, streaming)")
-    dataset_path: str | None = opt(None, "local .json/.jsonl/.parquet/.txt file, glob or folder (overrides the source's path)")
+    dataset: str = opt(
+        "debug_corpus", "built-in source: debug_corpus (offline, shipped) or c4 (HF hub, streaming)"
+    )
+    dataset_path: str | None = opt(
+        None, "local .json/.jsonl/.parquet/.txt file, glob or folder (overrides the source's path)"
+    )
     text_field: str = opt("text", "name of the text column in the dataset")
 
 
@@ -99,7 +112,9 @@ class Checkpoint:
 
 @dataclass
 class ActivationCheckpoint:
-    mode: Literal["none", "full"] = opt("none", "activation checkpointing: none or full (recompute every block)")
+    mode: Literal["none", "full"] = opt(
+        "none", "activation checkpointing: none or full (recompute every block)"
+    )
 
 
 @dataclass
@@ -117,8 +132,12 @@ class Metrics:
     log_freq: int = opt(10, "log metrics every N steps (and at step 1 and the last step)")
     enable_tensorboard: bool = opt(True, "write TensorBoard event files under <dump_folder>/tb")
     enable_jsonl: bool = opt(True, "write the same numbers to <dump_folder>/metrics.jsonl")
-    peak_tflops: float | None = opt(None, "peak dense TFLOPS of one device for MFU; None = table, else measured")
-    causal_flops: bool = opt(False, "count attention FLOPs halved for the causal mask (default: full, as Megatron/torchtitan)")
+    peak_tflops: float | None = opt(
+        None, "peak dense TFLOPS of one device for MFU; None = table, else measured"
+    )
+    causal_flops: bool = opt(
+        False, "count attention FLOPs halved for the causal mask (default: full, as Megatron/torchtitan)"
+    )
 
 
 @dataclass

@@ -127,9 +127,7 @@ def _set(cfg: JobConfig, section: str, key: str, value: Any, source: str, from_c
     try:
         converted = _convert(value, tp, from_cli)
     except ValueError:
-        raise ConfigError(
-            f"{source}: '{section}.{key}' got {value!r}, expected {type_name(tp)}"
-        ) from None
+        raise ConfigError(f"{source}: '{section}.{key}' got {value!r}, expected {type_name(tp)}") from None
     setattr(getattr(cfg, section), key, converted)
 
 
@@ -151,7 +149,9 @@ def _split_cli(argv: list[str]) -> list[tuple[str, str]]:
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--"):
-            raise ConfigError(f"command line: unexpected argument '{arg}'; options look like --section.key=value")
+            raise ConfigError(
+                f"command line: unexpected argument '{arg}'; options look like --section.key=value"
+            )
         name = arg[2:]
         if "=" in name:
             name, value = name.split("=", 1)
@@ -187,7 +187,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
 
     for name, value in pairs:
         if "." not in name:
-            raise ConfigError(f"command line: '--{name}' is not of the form --section.key{_suggest(name, _sections())}")
+            raise ConfigError(
+                f"command line: '--{name}' is not of the form --section.key{_suggest(name, _sections())}"
+            )
         section, key = name.split(".", 1)
         _set(cfg, section, key, value, "command line", from_cli=True)
     return cfg
@@ -261,17 +263,42 @@ def validate(cfg: JobConfig) -> None:
     need(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
     need(s.warmup_steps >= 0, "lr_scheduler.warmup_steps", s.warmup_steps, "must be >= 0")
     need(
-        s.decay_ratio is None or 0 <= s.decay_ratio <= 1, "lr_scheduler.decay_ratio", s.decay_ratio, "must be in [0, 1]"
+        s.decay_ratio is None or 0 <= s.decay_ratio <= 1,
+        "lr_scheduler.decay_ratio",
+        s.decay_ratio,
+        "must be in [0, 1]",
     )
     need(0 <= s.min_lr_factor <= 1, "lr_scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]")
     need(m.log_freq >= 1, "metrics.log_freq", m.log_freq, "must be >= 1")
-    need(m.peak_tflops is None or m.peak_tflops > 0, "metrics.peak_tflops", m.peak_tflops, "must be > 0 or none")
-    need(cfg.profiling.profile_freq >= 1, "profiling.profile_freq", cfg.profiling.profile_freq, "must be >= 1")
+    need(
+        m.peak_tflops is None or m.peak_tflops > 0,
+        "metrics.peak_tflops",
+        m.peak_tflops,
+        "must be > 0 or none",
+    )
+    need(
+        cfg.profiling.profile_freq >= 1, "profiling.profile_freq", cfg.profiling.profile_freq, "must be >= 1"
+    )
     need(cfg.checkpoint.interval >= 1, "checkpoint.interval", cfg.checkpoint.interval, "must be >= 1")
-    need(cfg.comm.init_timeout_seconds > 0, "comm.init_timeout_seconds", cfg.comm.init_timeout_seconds, "must be > 0")
-    need(cfg.comm.train_timeout_seconds > 0, "comm.train_timeout_seconds", cfg.comm.train_timeout_seconds, "must be > 0")
+    need(
+        cfg.comm.init_timeout_seconds > 0,
+        "comm.init_timeout_seconds",
+        cfg.comm.init_timeout_seconds,
+        "must be > 0",
+    )
+    need(
+        cfg.comm.train_timeout_seconds > 0,
+        "comm.train_timeout_seconds",
+        cfg.comm.train_timeout_seconds,
+        "must be > 0",
+    )
     p = cfg.parallelism
-    for key in ("data_parallel_replicate_degree", "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
+    for key in (
+        "data_parallel_replicate_degree",
+        "tensor_parallel_degree",
+        "pipeline_parallel_degree",
+        "context_parallel_degree",
+    ):
         need(getattr(p, key) >= 1, f"parallelism.{key}", getattr(p, key), "must be >= 1")
     need(
         p.data_parallel_shard_degree == -1 or p.data_parallel_shard_degree >= 1,

@@ -65,7 +65,9 @@ def _agree_on_peak(peak: PeakFlops) -> PeakFlops:
         return peak
     best = torch.tensor([peak.bf16_tflops], dtype=torch.float64)
     dist.all_reduce(best, op=dist.ReduceOp.MAX)
-    return dataclasses.replace(peak, bf16_tflops=best.item(), source=peak.source + f", max over {dist.get_world_size()} ranks")
+    return dataclasses.replace(
+        peak, bf16_tflops=best.item(), source=peak.source + f", max over {dist.get_world_size()} ranks"
+    )
 
 
 class MetricsProcessor:

@@ -13,7 +13,14 @@ from .dims import ParallelDims
 from .distributed import init_distributed, pick_device, set_collective_timeout
 from .fsdp import apply_fsdp
 
-__all__ = ["ParallelDims", "init_distributed", "pick_device", "set_collective_timeout", "parallelize", "fill_shard"]
+__all__ = [
+    "ParallelDims",
+    "init_distributed",
+    "pick_device",
+    "set_collective_timeout",
+    "parallelize",
+    "fill_shard",
+]
 
 
 def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Module:
@@ -41,7 +48,9 @@ def fill_shard(param: torch.Tensor, full_value: torch.Tensor) -> None:
     """
     if isinstance(param, DTensor):
         full_value = full_value.to(device=param.device, dtype=param.dtype)
-        local = distribute_tensor(full_value, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        local = distribute_tensor(
+            full_value, param.device_mesh, param.placements, src_data_rank=None
+        ).to_local()
         param.to_local().copy_(local)
     else:
         param.copy_(full_value)

@@ -47,7 +47,9 @@ class ParallelDims:
                 )
             self.dp_shard = self.world_size // others
         if self.dp_shard < 1:
-            raise UserError(f"parallelism: data_parallel_shard_degree must be >= 1 or -1, got {self.dp_shard}")
+            raise UserError(
+                f"parallelism: data_parallel_shard_degree must be >= 1 or -1, got {self.dp_shard}"
+            )
         product = others * self.dp_shard
         if product != self.world_size:
             raise UserError(

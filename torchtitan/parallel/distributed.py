@@ -33,7 +33,9 @@ def init_distributed(device: torch.device, init_timeout_seconds: int) -> tuple[i
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
     else:
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        dist.init_process_group(
+            backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
     return dist.get_rank(), dist.get_world_size()
 
 

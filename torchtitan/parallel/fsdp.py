@@ -8,7 +8,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def apply_fsdp(model: torch.nn.Module, dp_mesh, param_dtype: str, reduce_dtype: str, reshard_after_forward: str):
+def apply_fsdp(
+    model: torch.nn.Module, dp_mesh, param_dtype: str, reduce_dtype: str, reshard_after_forward: str
+):
     """fully_shard each block, then the root (which picks up embeddings, final norm and output head).
 
     Parameters are stored in fp32 (the optimizer's master copy) and all-gathered in `param_dtype`; gradients are

@@ -1,0 +1,35 @@
+"""Build the debug model in the layout given on the command line, initialize it, save the FULL weights (rank 0).
+
+    torchrun --nproc_per_node 2 tests/dist/dump_init.py OUT.pt [--section.key=value ...]
+"""
+
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from torchtitan.config import parse_args
+from torchtitan.models import get_model_class, model_args_from_config
+from torchtitan.parallel import ParallelDims, fill_shard, init_distributed, parallelize
+
+
+def main():
+    out, argv = sys.argv[1], sys.argv[2:]
+    cfg = parse_args(argv)
+    device = torch.device("cpu")
+    rank, world = init_distributed(device, 60)
+    dims = ParallelDims.from_config(cfg.parallelism, world)
+    dims.build_mesh("cpu")
+    with torch.device("meta"):
+        model = get_model_class(cfg.model.name)(model_args_from_config(cfg.model, cfg.training.seq_len))
+    model = parallelize(model, dims, cfg)
+    model.to_empty(device=device)
+    model.init_weights(cfg.training.seed, fill=fill_shard)
+    full = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save(full, out)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

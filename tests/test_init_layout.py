@@ -1,0 +1,33 @@
+"""The full initial weights for a seed do not depend on the parallel layout (see DESIGN.md)."""
+
+import subprocess
+import sys
+
+import torch
+
+from conftest import ROOT, train_env
+
+
+def dump(tmp_path, nproc, *args):
+    out = tmp_path / f"init_{nproc}_{len(args)}.pt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    r = subprocess.run(
+        [*cmd, "tests/dist/dump_init.py", str(out), *args],
+        cwd=ROOT,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+def test_fsdp2_init_equals_single_process(tmp_path):
+    one = dump(tmp_path, 1)
+    two = dump(tmp_path, 2, "--training.seed=0")
+    assert one.keys() == two.keys() and len(one) > 10
+    for k in one:
+        assert torch.equal(one[k], two[k]), k
+    other_seed = dump(tmp_path, 1, "--training.seed=1")
+    assert not torch.equal(one["layers.0.attention.wq.weight"], other_seed["layers.0.attention.wq.weight"])
