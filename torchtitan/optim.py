@@ -63,16 +63,24 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg) -> torch.optim.lr_
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(parameters, max_norm: float, pp_mesh=None) -> torch.Tensor:
     """Clip to a global L2 norm and return the norm before clipping, as a plain (replicated) tensor.
 
     With FSDP the gradients are DTensors sharded over the data-parallel mesh; their norm is a DTensor whose
     `full_tensor()` reduces the partial sums across the shards, so every rank sees the same global norm.
+    Under pipeline parallelism each rank holds only its stages' parameters: the squared norms are summed over
+    `pp_mesh` so every stage clips by the norm of the whole model.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()
+    if pp_mesh is not None:
+        import torch.distributed as dist
+
+        squared = total.float() ** 2
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_mesh.get_group())
+        total = squared.sqrt()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=True)
     return total

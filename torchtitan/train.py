@@ -27,6 +27,9 @@ from torchtitan.parallel import (
     init_distributed,
     parallelize,
     pick_device,
+    pipeline_forward_backward,
+    pipeline_parallelize,
+    plan_pipeline,
     set_collective_timeout,
 )
 
@@ -37,9 +40,16 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 
 
 def forward_backward(
-    model_parts: list[torch.nn.Module], inputs: torch.Tensor, labels: torch.Tensor
+    model_parts: list[torch.nn.Module], inputs: torch.Tensor, labels: torch.Tensor, pp=None
 ) -> torch.Tensor:
-    """One forward and backward pass over a batch; returns the (detached) loss."""
+    """One forward and backward pass over a batch; returns the (detached) loss.
+
+    `pp` is (schedule, has_first_stage, has_last_stage) under pipeline parallelism: the schedule runs the
+    micro-batches through this rank's stages, and ranks without the last stage return a zero loss.
+    """
+    if pp is not None:
+        schedule, has_first, has_last = pp
+        return pipeline_forward_backward(schedule, inputs, labels, has_first, has_last)
     (model,) = model_parts
     logits = model(inputs)
     loss = cross_entropy_loss(logits, labels)
@@ -71,12 +81,24 @@ def train(cfg: JobConfig) -> None:
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
+    if dims.pp_enabled:  # every pipeline constraint is checked here, before any weight exists
+        pp_plan = plan_pipeline(
+            cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
+        )
 
     # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
     # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
-    model_parts = [parallelize(model, dims, cfg)]
+    pp = None
+    if dims.pp_enabled:
+        schedule, model_parts, has_first, has_last = pipeline_parallelize(
+            model, pp_plan, dims, cfg, device, cross_entropy_loss
+        )
+        pp = (schedule, has_first, has_last)
+        del model  # the stages are deep copies; the full meta model is no longer needed
+    else:
+        model_parts = [parallelize(model, dims, cfg)]
     for part in model_parts:
         part.to_empty(device=device)
         part.init_weights(cfg.training.seed, fill=fill_shard)
@@ -141,8 +163,12 @@ def train(cfg: JobConfig) -> None:
         data_time = time.perf_counter() - data_start
 
         optimizer.zero_grad(set_to_none=True)
-        loss = forward_backward(model_parts, inputs, labels)
-        grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
+        loss = forward_backward(model_parts, inputs, labels, pp)
+        grad_norm = clip_grad_norm_(
+            [p for part in model_parts for p in part.parameters()],
+            t.max_norm,
+            pp_mesh=dims.mesh("pp") if dims.pp_enabled else None,
+        )
         optimizer.step()
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
