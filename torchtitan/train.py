@@ -152,6 +152,8 @@ def train(cfg: JobConfig) -> None:
 
     # ---- finish ------------------------------------------------------------------------------------------------
     metrics.close()
+    # Leave together: a rank that tears down its gloo pairs while a peer is still mid-collective aborts the peer.
+    torch.distributed.barrier()
     logger.info("training finished after %d steps", t.steps)
 
 
