@@ -94,6 +94,7 @@ def train(cfg: JobConfig) -> None:
         dp_world_size=dims.dp,
         batch_size=t.local_batch_size,
         seq_len=t.seq_len,
+        num_shards=cfg.data.num_shards,
     )
 
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
