@@ -34,7 +34,14 @@ def trainer(nproc: int, steps: int, interval: int, warmup: int, overrides: list[
         if nproc == 1:
             cmd = [sys.executable, str(ROOT / "train.py")]
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(ROOT / "train.py")]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={nproc}",
+                str(ROOT / "train.py"),
+            ]
         args = [
             "--job.config_file=train_configs/debug_model.toml",
             f"--training.steps={steps}",
@@ -51,7 +58,9 @@ def trainer(nproc: int, steps: int, interval: int, warmup: int, overrides: list[
     # rows at steps 1, interval, 2*interval, ...: each row after the warm-up covers one full interval
     rows = [r for r in rows if r["step"] > warmup and r["step"] % interval == 0]
     return {
-        "tokens_per_sec_per_device": statistics.median(r["throughput/tokens_per_sec_per_device"] for r in rows),
+        "tokens_per_sec_per_device": statistics.median(
+            r["throughput/tokens_per_sec_per_device"] for r in rows
+        ),
         "mfu_percent": statistics.median(r["mfu/percent"] for r in rows),
         "intervals": len(rows),
     }
@@ -72,13 +81,21 @@ def bare(steps: int, interval: int, warmup: int, overrides: list[str]) -> dict:
     model = get_model_class(cfg.model.name)(model_args_from_config(cfg.model, t.seq_len))
     model.init_weights(t.seed)
     opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), foreach=True
+        model.parameters(),
+        lr=cfg.optimizer.lr,
+        betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
+        foreach=True,
     )
     data = iter(
         build_dataloader(
-            dataset=cfg.data.dataset, dataset_path=cfg.data.dataset_path, text_field=cfg.data.text_field,
-            tokenizer=build_tokenizer(cfg.model.tokenizer_path), dp_rank=0, dp_world_size=1,
-            batch_size=t.local_batch_size, seq_len=t.seq_len,
+            dataset=cfg.data.dataset,
+            dataset_path=cfg.data.dataset_path,
+            text_field=cfg.data.text_field,
+            tokenizer=build_tokenizer(cfg.model.tokenizer_path),
+            dp_rank=0,
+            dp_world_size=1,
+            batch_size=t.local_batch_size,
+            seq_len=t.seq_len,
         )
     )
     use_bf16 = t.mixed_precision_param == "bfloat16"
@@ -104,7 +121,9 @@ def bare(steps: int, interval: int, warmup: int, overrides: list[str]) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["both", "trainer", "bare"], default="both")
-    p.add_argument("--nproc", type=int, default=1, help="trainer processes (the bare loop is always 1 process)")
+    p.add_argument(
+        "--nproc", type=int, default=1, help="trainer processes (the bare loop is always 1 process)"
+    )
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--interval", type=int, default=5)
     p.add_argument("--warmup", type=int, default=10)

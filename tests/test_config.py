@@ -165,7 +165,9 @@ def test_cli_help_exit_0():
 
 
 def test_vocab_mismatch_is_one_line_exit_2():
-    r = run_cli("--job.config_file=train_configs/debug_model.toml", "--model.vocab_size=4096", "--training.steps=1")
+    r = run_cli(
+        "--job.config_file=train_configs/debug_model.toml", "--model.vocab_size=4096", "--training.steps=1"
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "2048" in lines[0] and "4096" in lines[0] and "debug.model" in lines[0]

@@ -29,6 +29,7 @@ from torchtitan.parallel import (
     pick_device,
     set_collective_timeout,
 )
+from torchtitan.profiling import Profiler
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -132,6 +133,7 @@ def train(cfg: JobConfig) -> None:
     set_collective_timeout(cfg.comm.train_timeout_seconds)
 
     # ---- train -------------------------------------------------------------------------------------------------
+    profiler = Profiler(cfg, rank, dump)
     data_iter = iter(dataloader)
     for step in range(1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
@@ -150,8 +152,10 @@ def train(cfg: JobConfig) -> None:
 
         if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
             logger.info(metrics.last_line)
+        profiler.step()
 
     # ---- finish ------------------------------------------------------------------------------------------------
+    profiler.stop()
     metrics.close()
     # Leave together: a rank that tears down its gloo pairs while a peer is still mid-collective aborts the peer.
     torch.distributed.barrier()
