@@ -71,8 +71,8 @@ def clip_grad_norm_(parameters, max_norm: float, pp_mesh=None) -> torch.Tensor:
     Under pipeline parallelism each rank holds only its stages' parameters: the squared norms are summed over
     `pp_mesh` so every stage clips by the norm of the whole model.
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    parameters = [p for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in parameters], foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     if pp_mesh is not None:
@@ -82,5 +82,6 @@ def clip_grad_norm_(parameters, max_norm: float, pp_mesh=None) -> torch.Tensor:
         dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_mesh.get_group())
         total = squared.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=True)
+        # takes the parameters (it scales each p.grad), not the gradients themselves
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=True)
     return total
