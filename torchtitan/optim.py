@@ -72,15 +72,19 @@ def clip_grad_norm_(parameters, max_norm: float, pp_mesh=None) -> torch.Tensor:
     `pp_mesh` so every stage clips by the norm of the whole model.
     """
     parameters = [p for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm([p.grad for p in parameters], foreach=True)
+    # Accumulate in fp64: a CPU fp32 norm of one large gradient (e.g. the 2048 x 256 output head) is off by
+    # ~1e-5 relative, and by a different amount for each sharding, which would swamp loss-parity checks.
+    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in parameters]
+    total = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros((), dtype=torch.float64)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     if pp_mesh is not None:
         import torch.distributed as dist
 
-        squared = total.float() ** 2
+        squared = total**2
         dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_mesh.get_group())
         total = squared.sqrt()
+    total = total.float()
     if max_norm > 0:
         # takes the parameters (it scales each p.grad), not the gradients themselves
         torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=True)

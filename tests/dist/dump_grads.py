@@ -22,6 +22,7 @@ from torchtitan.parallel import (
     pipeline_parallelize,
     plan_pipeline,
 )
+from torchtitan.optim import clip_grad_norm_
 from torchtitan.train import cross_entropy_loss, forward_backward
 
 
@@ -57,10 +58,13 @@ def main():
         dp_world_size=dims.dp,
         batch_size=t.local_batch_size,
         seq_len=t.seq_len,
+        num_shards=cfg.data.num_shards,
     )
     inputs, labels = next(iter(loader))
     loss = forward_backward(parts, inputs, labels, pp)
-    grads = {"loss": loss}
+    params = [p for part in parts for p in part.parameters()]
+    norm = clip_grad_norm_(params, 0.0, pp_mesh=dims.mesh("pp") if dims.pp_enabled else None)
+    grads = {"loss": loss, "grad_norm": norm}
     for part in parts:
         for name, p in part.named_parameters():
             g = p.grad
