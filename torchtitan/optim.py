@@ -94,19 +94,20 @@ def clip_grad_norm_(parameters, max_norm: float, pp_mesh=None) -> torch.Tensor:
     are summed. Pipeline stages hold disjoint parameters, so with `pp_mesh` the stages' squared norms are summed
     by an all-reduce over it. Every rank ends up with the same norm and the same clip coefficient.
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for g in grads:
-        key = (g.device_mesh, g.placements) if isinstance(g, DTensor) else (None, None)
-        groups.setdefault(key, []).append(g)
-    device = grads[0].device if grads else torch.device("cpu")
+    params = [p for p in parameters if p.grad is not None]
+    groups: dict[tuple, list[torch.nn.Parameter]] = {}
+    for p in params:
+        key = (p.grad.device_mesh, p.grad.placements) if isinstance(p.grad, DTensor) else (None, None)
+        groups.setdefault(key, []).append(p)
+    device = params[0].grad.device if params else torch.device("cpu")
     total_sq = torch.zeros((), dtype=torch.float64, device=device)
     for group in groups.values():
-        total_sq += _squared_norm(group).to(device)
+        total_sq += _squared_norm([p.grad for p in group]).to(device)
     if pp_mesh is not None and pp_mesh.size() > 1:
         dist.all_reduce(total_sq, op=dist.ReduceOp.SUM, group=pp_mesh.get_group())
     total = total_sq.sqrt().float()
     if max_norm > 0:
-        for group in groups.values():  # one call per mesh: foreach kernels cannot mix meshes
+        # one call per mesh (foreach kernels cannot mix meshes); it takes the parameters and scales each p.grad
+        for group in groups.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total

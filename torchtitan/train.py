@@ -32,6 +32,7 @@ from torchtitan.parallel import (
     pick_device,
     set_collective_timeout,
 )
+from torchtitan.profiling import Profiler
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, global_tokens: int) -> torch.Tensor:
@@ -116,6 +117,7 @@ def train(cfg: JobConfig) -> None:
         dp_world_size=dims.dp,
         batch_size=t.local_batch_size,
         seq_len=t.seq_len,
+        num_shards=cfg.data.num_shards,
     )
 
     accum_steps = dims.grad_accumulation_steps(t)
@@ -160,6 +162,7 @@ def train(cfg: JobConfig) -> None:
     set_collective_timeout(cfg.comm.train_timeout_seconds)
 
     # ---- train -------------------------------------------------------------------------------------------------
+    profiler = Profiler(cfg, rank, dump)
     data_iter = iter(dataloader)
     for step in range(1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
@@ -181,9 +184,13 @@ def train(cfg: JobConfig) -> None:
 
         if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
             logger.info(metrics.last_line)
+        profiler.step()
 
     # ---- finish ------------------------------------------------------------------------------------------------
+    profiler.stop()
     metrics.close()
+    # Leave together: a rank that tears down its gloo pairs while a peer is still mid-collective aborts the peer.
+    torch.distributed.barrier()
     logger.info("training finished after %d steps", t.steps)
 
 
