@@ -64,6 +64,13 @@ def test_pp2_fsdp2(baseline, tmp_path, schedule):
     check(baseline, rows, f"PP 2 x FSDP 2, {schedule}")
 
 
+def test_pp2_tp2(baseline, tmp_path):
+    # 4 ranks: pp 2 x tp 2 (sequence + loss parallel, the defaults), dp 1; 4 micro-batches, 1F1B
+    extra = ["--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4"]
+    rows = run(4, [*COMMON, *pp("1F1B", *extra)], str(tmp_path))
+    check(baseline, rows, "PP 2 x TP 2, 1F1B")
+
+
 def test_interleaved_1f1b(baseline, tmp_path):
     # 2 ranks x 2 stages (layers 0 | 1-2 | 3-4 | 5), 4 micro-batches
     extra = ["--parallelism.pipeline_parallel_stages_per_rank=2", "--training.local_batch_size=4"]

@@ -6,6 +6,8 @@ torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import os
 import sys
@@ -13,6 +15,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
@@ -35,28 +39,44 @@ from torchtitan.parallel import (
 from torchtitan.profiling import Profiler
 
 
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy, computed in fp32 whatever the compute dtype (bf16 log-softmax loses digits)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, global_tokens: int) -> torch.Tensor:
+    """Sum of this micro-batch's token cross-entropies divided by the tokens of the WHOLE optimizer step.
+
+    The step's loss is the mean over global_tokens = global batch x seq_len tokens (every dp rank, every
+    micro-step). Dividing each micro-batch's sum by that one constant, and summing gradients over micro-steps and
+    dp ranks (FSDP is set to sum, see parallel/fsdp.py), gives exactly the gradient of that mean: the same update
+    as one large batch. Computed in fp32 whatever the compute dtype (bf16 log-softmax loses digits).
+    """
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum") / global_tokens
 
 
 def forward_backward(
-    model_parts: list[torch.nn.Module], inputs: torch.Tensor, labels: torch.Tensor, pp=None
+    model_parts: list[torch.nn.Module],
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    global_tokens: int,
+    loss_context=contextlib.nullcontext,
+    pp=None,
 ) -> torch.Tensor:
-    """One forward and backward pass over a batch; returns the (detached) loss.
+    """One forward and backward pass over a micro-batch; returns its (detached, plain) share of the step loss.
 
-    `pp` is (schedule, has_first_stage, has_last_stage) under pipeline parallelism: the schedule runs the
-    micro-batches through this rank's stages, and ranks without the last stage return a zero loss.
+    `loss_context` is loss_parallel() under tensor parallelism: the logits arrive sharded on the vocabulary and
+    the cross-entropy and its backward must run inside it.
+    `pp` is (schedule, has_first_stage, has_last_stage) under pipeline parallelism: the schedule cuts the batch
+    into pipeline micro-batches and runs them through this rank's stages (its loss_fn is cross_entropy_loss with
+    the same global_tokens); ranks without the last stage return a zero loss.
     """
     if pp is not None:
         schedule, has_first, has_last = pp
-        return pipeline_forward_backward(schedule, inputs, labels, has_first, has_last)
+        return pipeline_forward_backward(schedule, inputs, labels, has_first, has_last, loss_context)
     (model,) = model_parts
     logits = model(inputs)
-    loss = cross_entropy_loss(logits, labels)
-    del logits  # the largest activation; free it before backward allocates gradients
-    loss.backward()
-    return loss.detach()
+    with loss_context():
+        loss = cross_entropy_loss(logits, labels, global_tokens)
+        del logits  # the largest activation; free it before backward allocates gradients
+        loss.backward()
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def train(cfg: JobConfig) -> None:
@@ -66,6 +86,12 @@ def train(cfg: JobConfig) -> None:
     dump = cfg.job.dump_folder
     init_logger(rank, os.path.join(dump, "logs"))
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
+    if dims.pp_enabled:  # and every pipeline constraint (stages, schedule, micro-batches)
+        pp_plan = plan_pipeline(
+            cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
+        )
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
     torch.manual_seed(cfg.training.seed)
@@ -80,12 +106,7 @@ def train(cfg: JobConfig) -> None:
             logger.info("effective config (also saved to %s/config.toml):\n%s", dump, to_toml(cfg))
 
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
-    model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
-    if dims.pp_enabled:  # every pipeline constraint is checked here, before any weight exists
-        pp_plan = plan_pipeline(
-            cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
-        )
 
     # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
     # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
@@ -93,15 +114,25 @@ def train(cfg: JobConfig) -> None:
         model = get_model_class(cfg.model.name)(model_args)
     pp = None
     if dims.pp_enabled:
+        # the schedule computes each pipeline micro-batch's loss itself: the same normalization as below
+        tr = cfg.training
+        step_tokens = dims.grad_accumulation_steps(tr) * tr.local_batch_size * tr.seq_len * dims.dp
         schedule, model_parts, has_first, has_last = pipeline_parallelize(
-            model, pp_plan, dims, cfg, device, cross_entropy_loss
+            model,
+            pp_plan,
+            dims,
+            cfg,
+            device,
+            functools.partial(cross_entropy_loss, global_tokens=step_tokens),
         )
         pp = (schedule, has_first, has_last)
         del model  # the stages are deep copies; the full meta model is no longer needed
     else:
         model_parts = [parallelize(model, dims, cfg)]
+    # With CPU offload FSDP keeps the sharded parameters in CPU memory and copies them to the GPU per block.
+    init_device = "cpu" if cfg.parallelism.fsdp_cpu_offload else device
     for part in model_parts:
-        part.to_empty(device=device)
+        part.to_empty(device=init_device)
         part.init_weights(cfg.training.seed, fill=fill_shard)
         part.train()
 
@@ -120,6 +151,13 @@ def train(cfg: JobConfig) -> None:
         num_shards=cfg.data.num_shards,
     )
 
+    accum_steps = dims.grad_accumulation_steps(t)
+    local_tokens = t.local_batch_size * t.seq_len * accum_steps  # per dp rank and optimizer step
+    global_tokens = local_tokens * dims.dp
+    loss_context = (
+        loss_parallel if dims.tp_enabled and cfg.parallelism.enable_loss_parallel else contextlib.nullcontext
+    )
+
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
     compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
     peak = resolve_peak(device, compute_dtype, cfg.metrics.peak_tflops)
@@ -130,15 +168,15 @@ def train(cfg: JobConfig) -> None:
         rank=rank,
         flops_per_token=flops_per_token,
         peak=peak,
-        tokens_per_step_per_dp_rank=t.local_batch_size * t.seq_len,
+        tokens_per_step_per_dp_rank=local_tokens,
         dump_folder=dump,
     )
     header = [
         f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
         f" ({model_args.num_flop_params():,} in matmuls), {world_size} x {device.type}",
         f"parallelism: {dims.describe()}",
-        f"batch: {t.local_batch_size} x {t.seq_len} tokens per dp rank, {dims.dp} dp ranks,"
-        f" {t.local_batch_size * t.seq_len * dims.dp:,} tokens per step, {t.steps} steps",
+        f"batch: {t.local_batch_size} x {t.seq_len} tokens per dp rank and micro-step, {dims.dp} dp ranks,"
+        f" {accum_steps} micro-steps, {global_tokens:,} tokens per step, {t.steps} steps",
         f"flops/token: {flops_per_token:,.0f} ("
         + ("causal attention halved" if cfg.metrics.causal_flops else "full attention, 6N + 12*L*H*D*S")
         + ")",
@@ -160,13 +198,16 @@ def train(cfg: JobConfig) -> None:
     for step in range(1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
-        data_start = time.perf_counter()
-        inputs, labels = next(data_iter)
-        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        data_time = time.perf_counter() - data_start
-
         optimizer.zero_grad(set_to_none=True)
-        loss = forward_backward(model_parts, inputs, labels, pp)
+        loss, data_time = torch.zeros((), device=device), 0.0
+        for _ in range(accum_steps):  # gradients add up over micro-steps
+            data_start = time.perf_counter()
+            inputs, labels = next(data_iter)
+            inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            data_time += time.perf_counter() - data_start
+            loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp)
+        # `loss` is this rank's share of the global mean; report the rank's own mean token loss
+        loss = loss * (global_tokens / local_tokens)
         grad_norm = clip_grad_norm_(
             [p for part in model_parts for p in part.parameters()],
             t.max_norm,

@@ -61,7 +61,8 @@ def main():
         num_shards=cfg.data.num_shards,
     )
     inputs, labels = next(iter(loader))
-    loss = forward_backward(parts, inputs, labels, pp)
+    global_tokens = t.local_batch_size * t.seq_len * dims.dp
+    loss = forward_backward(parts, inputs, labels, global_tokens, pp=pp)
     params = [p for part in parts for p in part.parameters()]
     norm = clip_grad_norm_(params, 0.0, pp_mesh=dims.mesh("pp") if dims.pp_enabled else None)
     grads = {"loss": loss, "grad_norm": norm}

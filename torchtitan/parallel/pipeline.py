@@ -11,13 +11,15 @@ A rank may own several stages (interleaved schedules). Stage s lives on pipeline
                                           rank 0 holds both the first and the last stage)
 
 Micro-batches: each rank's local batch is cut into local_batch_size / pipeline_parallel_microbatch_size
-micro-batches. The loss of one micro-batch is the mean token cross-entropy over it (all micro-batches hold the
-same number of tokens), the schedule divides the accumulated gradients by the micro-batch count
-(`scale_grads=True`), so the gradients equal those of one mean-loss pass over the whole batch, as without PP.
+micro-batches. The schedule's loss function is the trainer's: a micro-batch's summed token cross-entropy divided
+by the token count of the whole optimizer step. Gradients of the micro-batches therefore simply add up
+(`scale_grads=False`), exactly as the trainer's gradient-accumulation micro-steps and FSDP's summed reduction do,
+and the step's loss is the sum of the micro-batch losses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import re
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from torchtitan.errors import UserError
 
@@ -244,7 +247,7 @@ def build_pipeline(
         stages if multi else stages[0],
         n_microbatches=plan.n_microbatches,
         loss_fn=loss_fn,
-        scale_grads=True,  # mean over micro-batches: gradients equal a mean-loss pass over the whole batch
+        scale_grads=False,  # each micro-batch loss is already divided by the step's token count: grads add up
     )
     return schedule, parts, 0 in stage_ids, plan.num_stages - 1 in stage_ids
 
@@ -254,18 +257,22 @@ def _step_accepts_return_outputs(schedule) -> bool:
 
 
 def pipeline_forward_backward(
-    schedule, inputs: torch.Tensor, labels: torch.Tensor, has_first: bool, has_last: bool
+    schedule, inputs: torch.Tensor, labels: torch.Tensor, has_first: bool, has_last: bool, loss_context=None
 ) -> torch.Tensor:
-    """One pipelined forward+backward over the local batch; returns the mean loss, or 0 off the last stage.
+    """One pipelined forward+backward over the local batch; returns the summed micro-batch losses (0 off the
+    last stage).
 
     Ranks without the last stage return a zero so that a SUM over the pp mesh yields the loss on every rank
-    (the metrics processor does that reduction on log steps only).
+    (the metrics processor does that reduction on log steps only). `loss_context` is loss_parallel() under TP.
     """
     losses: list[torch.Tensor] | None = [] if has_last else None
     kwargs = {"target": labels if has_last else None, "losses": losses}
     if _step_accepts_return_outputs(schedule):  # torch >= 2.12: do not keep the merged full-batch logits
         kwargs["return_outputs"] = False
-    schedule.step(*((inputs,) if has_first else ()), **kwargs)
+    with loss_context() if loss_context is not None else contextlib.nullcontext():
+        schedule.step(*((inputs,) if has_first else ()), **kwargs)
     if has_last:
-        return torch.stack([loss.detach().float() for loss in losses]).mean()
+        losses = [loss.detach() for loss in losses]
+        losses = [loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]
+        return torch.stack([loss.float() for loss in losses]).sum()
     return torch.zeros((), device=inputs.device)
