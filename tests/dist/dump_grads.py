@@ -6,6 +6,7 @@ Every rank writes the gradients of the parameters it holds (gathered over FSDP) 
 merges them by name, so pipeline stages on different ranks together give the whole model's gradients.
 """
 
+import functools
 import sys
 
 import torch
@@ -14,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.config import parse_args
 from torchtitan.data import build_dataloader, build_tokenizer
 from torchtitan.models import get_model_class, model_args_from_config
+from torchtitan.optim import clip_grad_norm_
 from torchtitan.parallel import (
     ParallelDims,
     fill_shard,
@@ -22,7 +24,6 @@ from torchtitan.parallel import (
     pipeline_parallelize,
     plan_pipeline,
 )
-from torchtitan.optim import clip_grad_norm_
 from torchtitan.train import cross_entropy_loss, forward_backward
 
 
@@ -36,19 +37,19 @@ def main():
     args = model_args_from_config(cfg.model, cfg.training.seq_len)
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(args)
+    t = cfg.training
+    global_tokens = t.local_batch_size * t.seq_len * dims.dp  # one micro-step: no gradient accumulation
     pp = None
     if dims.pp_enabled:
         plan = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size)
-        schedule, parts, first, last = pipeline_parallelize(
-            model, plan, dims, cfg, device, cross_entropy_loss
-        )
+        loss_fn = functools.partial(cross_entropy_loss, global_tokens=global_tokens)
+        schedule, parts, first, last = pipeline_parallelize(model, plan, dims, cfg, device, loss_fn)
         pp = (schedule, first, last)
     else:
         parts = [parallelize(model, dims, cfg)]
     for part in parts:
         part.to_empty(device=device)
         part.init_weights(cfg.training.seed, fill=fill_shard)
-    t = cfg.training
     loader = build_dataloader(
         dataset=cfg.data.dataset,
         dataset_path=None,
@@ -61,7 +62,6 @@ def main():
         num_shards=cfg.data.num_shards,
     )
     inputs, labels = next(iter(loader))
-    global_tokens = t.local_batch_size * t.seq_len * dims.dp
     loss = forward_backward(parts, inputs, labels, global_tokens, pp=pp)
     params = [p for part in parts for p in part.parameters()]
     norm = clip_grad_norm_(params, 0.0, pp_mesh=dims.mesh("pp") if dims.pp_enabled else None)
