@@ -88,3 +88,16 @@ def test_gradient_accumulation_equals_one_large_batch():
     )
     check(report, worst)
     assert ok
+
+
+def test_gradient_accumulation_with_fsdp_sums_over_ranks_and_micro_steps():
+    """FSDP 2 x 2 micro-steps of 1 sequence == 1 process, one step of 4 (the same 4 windows per step)."""
+    ok, report, worst = loss_compare(
+        ["--training.local_batch_size=4"],
+        ["--training.local_batch_size=1", "--training.global_batch_size=4"],
+        nproc_b=2,
+        common=[*COMMON, "--data.num_shards=2"],
+        rtol=RTOL,
+    )
+    check(report, worst)
+    assert ok
