@@ -15,6 +15,12 @@ micro-batches. The schedule's loss function is the trainer's: a micro-batch's su
 by the token count of the whole optimizer step. Gradients of the micro-batches therefore simply add up
 (`scale_grads=False`), exactly as the trainer's gradient-accumulation micro-steps and FSDP's summed reduction do,
 and the step's loss is the sum of the micro-batch losses.
+
+With FSDP, `parallelize` keeps a stage's blocks gathered between forward and backward under PP ("default"
+reshard policy means "never" there): resharding would all-gather every block again for every micro-batch, and
+the zero-bubble schedules' split backward would lose the weight gradients of resharded blocks (it looks the
+weights up through module.parameters(), which FSDP2 has swapped back to the shards), so `plan_pipeline`
+rejects zero-bubble with fsdp_reshard_after_forward="always".
 """
 
 from __future__ import annotations
@@ -267,7 +273,7 @@ def pipeline_forward_backward(
     """
     losses: list[torch.Tensor] | None = [] if has_last else None
     kwargs = {"target": labels if has_last else None, "losses": losses}
-    if _step_accepts_return_outputs(schedule):  # torch >= 2.12: do not keep the merged full-batch logits
+    if _step_accepts_return_outputs(schedule):  # newer torch: do not keep the merged full-batch logits
         kwargs["return_outputs"] = False
     with loss_context() if loss_context is not None else contextlib.nullcontext():
         schedule.step(*((inputs,) if has_first else ()), **kwargs)
