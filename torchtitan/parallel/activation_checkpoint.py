@@ -51,7 +51,8 @@ SAVE_OPS = set(
             "_scaled_dot_product_fused_attention_overrideable",
         ],
     )
-    # Float8 matmul (torchao): same reason as mm.
+    # Float8 matmul. torchao's float8 linears reach this policy as aten.mm on its float8 tensor subclass (the
+    # subclass calls _scaled_mm beneath the policy), so mm already covers them; this is for direct callers.
     + _existing(_aten, ["_scaled_mm"])
     # Reduction: torchao's dynamic float8 scaling takes abs().max() of each input and weight -- a full pass over
     # the tensor whose output is one scalar (or one per row), so keeping it costs nothing; under float8 TP/FSDP
