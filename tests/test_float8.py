@@ -7,12 +7,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
+import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, train_env
 from torchtitan.config import JobConfig, validate
 from torchtitan.config.manager import ConfigError
 from torchtitan.errors import UserError
@@ -231,3 +232,19 @@ def test_float8_under_selective_op_ac_saves_matmuls_and_amax_and_is_bitwise_equa
     assert sel["mm"] == base["mm"] and sel["max"] == base["max"] > 0
     assert sel["_to_copy"] > base["_to_copy"]
     assert torch.equal(loss0, loss1) and all(torch.equal(a, b) for a, b in zip(grads0, grads1))
+
+
+def test_float8_before_tensor_parallel_with_float8_tp_styles():
+    """Converted before TP, the MLP takes torchao's Float8Colwise/RowwiseParallel (they accept only Float8Linear:
+    TP first would make them unusable), a filtered-out linear takes the plain style, and the sharded float8
+    MLP matches the unsharded float8 MLP (output and gradients) to fp32 rounding. 2 ranks, gloo."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    r = subprocess.run(
+        [*cmd, "tests/dist/float8_tp.py"],
+        cwd=ROOT,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

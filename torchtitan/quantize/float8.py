@@ -144,3 +144,29 @@ def build_scale_precompute(cfg):
             precompute(part)
 
     return run
+
+
+def float8_tp_style(module: nn.Module, style: str, **kwargs):
+    """The tensor-parallel style for `module` in a TP plan: style "colwise" or "rowwise", kwargs as for torch's
+    ColwiseParallel / RowwiseParallel (input_layouts, output_layouts, use_local_output).
+
+    For a Float8Linear with tensorwise scaling this is torchao's Float8ColwiseParallel / Float8RowwiseParallel,
+    which cast the activation to float8 before the TP collective, so the all-gather moves float8 bytes. They only
+    accept Float8Linear modules -- one reason float8 conversion runs before TP -- so every other module (skipped
+    by the filter, or rowwise recipe, which torchao's float8 TP styles do not handle) gets torch's plain style;
+    a Float8Linear under a plain style still computes in float8 after the collective.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plain = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}[style]
+    config = getattr(module, "config", None)
+    tensorwise = config is not None and type(module).__name__ == "Float8Linear"
+    if tensorwise:
+        from torchao.float8.config import ScalingGranularity
+
+        tensorwise = config.cast_config_input.scaling_granularity is ScalingGranularity.TENSORWISE
+    if not tensorwise:
+        return plain(**kwargs)
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    return {"colwise": Float8ColwiseParallel, "rowwise": Float8RowwiseParallel}[style](**kwargs)
