@@ -12,8 +12,16 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
+from torchtitan.checkpoint import (
+    EXIT_PREEMPTED,
+    CheckpointManager,
+    NonFiniteError,
+    PreemptionFlag,
+    test_fault,
+)
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
 from torchtitan.errors import UserError
@@ -48,7 +56,7 @@ def forward_backward(
     return loss.detach()
 
 
-def train(cfg: JobConfig) -> None:
+def train(cfg: JobConfig) -> int:
     # ---- build -------------------------------------------------------------------------------------------------
     device = pick_device()
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
@@ -96,6 +104,17 @@ def train(cfg: JobConfig) -> None:
         seq_len=t.seq_len,
     )
 
+    # ---- checkpoint: seed mode, or resume (before the metrics, which continue the curves at the resumed step) --
+    ckpt = CheckpointManager(
+        cfg, model_parts, optimizer, scheduler, dataloader, rank=rank, dp_rank=dp_rank, dp=dims.dp
+    )
+    if cfg.checkpoint.create_seed_checkpoint:
+        ckpt.save(0, 0, kind="seed")
+        logger.info("seed checkpoint written; exiting (checkpoint.create_seed_checkpoint)")
+        return 0
+    start_step, tokens_seen = ckpt.load()
+    tokens_per_step = t.local_batch_size * t.seq_len * dims.dp
+
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
     compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
     peak = resolve_peak(device, compute_dtype, cfg.metrics.peak_tflops)
@@ -108,6 +127,7 @@ def train(cfg: JobConfig) -> None:
         peak=peak,
         tokens_per_step_per_dp_rank=t.local_batch_size * t.seq_len,
         dump_folder=dump,
+        start_step=start_step,
     )
     header = [
         f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
@@ -129,10 +149,11 @@ def train(cfg: JobConfig) -> None:
         gc.disable()
         gc.collect(1)
     set_collective_timeout(cfg.comm.train_timeout_seconds)
+    preempt = PreemptionFlag()
 
     # ---- train -------------------------------------------------------------------------------------------------
     data_iter = iter(dataloader)
-    for step in range(1, t.steps + 1):
+    for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
         data_start = time.perf_counter()
@@ -143,16 +164,53 @@ def train(cfg: JobConfig) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss = forward_backward(model_parts, inputs, labels)
         grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
-        optimizer.step()
+        # One tiny all-reduce per step: ranks agree on "non-finite" and "preemption signal received", so all of
+        # them skip/stop/save at the same step. Checked before optimizer.step: NaN never reaches the weights.
+        bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float().cpu()
+        flags = torch.stack([bad, torch.tensor(float(preempt.signum))])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[0] > 0:
+            what = f"loss {loss.item():.4g}, grad norm {grad_norm.item():.4g} on rank {rank}"
+            if not t.skip_nonfinite_steps:
+                raise NonFiniteError(
+                    f"non-finite loss or grad norm at step {step} ({what}); stopped without saving, the last"
+                    " checkpoint is untouched (training.skip_nonfinite_steps=true skips such steps)"
+                )
+            logger.warning(f"step {step}: non-finite loss or grad norm ({what}); step skipped, grads zeroed")
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            optimizer.step()
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
 
+        tokens_seen += tokens_per_step
+
         if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
             logger.info(metrics.last_line)
+        test_fault("step_end", step, rank)
+        signum = int(flags[1])
+        if ckpt.should_save(step, t.steps) or (signum and cfg.checkpoint.enable):
+            last = step == t.steps and cfg.checkpoint.last_save_model_only
+            ckpt.save(step, tokens_seen, kind="export" if last else "full")
+        ckpt.poll()
+        if signum:
+            ckpt.close()
+            metrics.close()
+            if not cfg.checkpoint.enable:
+                logger.warning(
+                    f"signal {signum} received at step {step}; checkpoint.enable=false: nothing saved"
+                )
+                return 128 + signum
+            logger.warning(
+                f"signal {signum} received: checkpoint saved at step {step}; exiting {EXIT_PREEMPTED}"
+            )
+            return EXIT_PREEMPTED
 
     # ---- finish ------------------------------------------------------------------------------------------------
+    ckpt.close()  # an async save still in flight is waited for and committed
     metrics.close()
     logger.info("training finished after %d steps", t.steps)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,16 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         validate(cfg)
-        train(cfg)
+        return train(cfg)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     finally:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
