@@ -55,10 +55,11 @@ class NonFiniteError(UserError):
 # ------------------------------------------------------------------------------------------------ fault hooks
 
 
-def test_fault(point: str, step: int, rank: int) -> None:
+def fault_hook(point: str, step: int, rank: int, before=None) -> None:
     """Test hook: TORCHTITAN_TEST_FAULT="<point>:<step>[:<rank>]" SIGKILLs this process at that point.
 
     Only on the first attempt under torchrun (TORCHELASTIC_RESTART_COUNT 0), so a restarted job runs through.
+    `before` runs first (the trainer waits for its async save there, so a test knows what was committed).
     Points: step_end (after a training step), and inside a save: save_begin, save_written (data on disk, no
     marker), save_marked (marker written, folder not yet renamed).
     """
@@ -67,7 +68,14 @@ def test_fault(point: str, step: int, rank: int) -> None:
         return
     parts = spec.split(":")
     if parts[0] == point and int(parts[1]) == step and (len(parts) < 3 or int(parts[2]) == rank):
+        if before is not None:
+            before()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def nan_hook_step() -> int:
+    """Test hook: TORCHTITAN_TEST_NAN_STEP=<step> makes the trainer's loss NaN at that step (non-finite checks)."""
+    return int(os.environ.get("TORCHTITAN_TEST_NAN_STEP", "0"))
 
 
 # ---------------------------------------------------------------------------------------------------- signals
@@ -251,7 +259,7 @@ class CheckpointManager:
         final = os.path.join(self.folder, f"step-{step}")
         tmp = f"{final}.tmp-{self.save_id}"
         t0 = time.perf_counter()
-        test_fault("save_begin", step, self.rank)
+        fault_hook("save_begin", step, self.rank)
         os.makedirs(os.path.join(tmp, STATE_DIR), exist_ok=True)
         if kind == "full":
             _write_json(
@@ -307,14 +315,14 @@ class CheckpointManager:
     def _commit(self, tmp: str, final: str, marker: dict, step: int) -> None:
         if self.rank != 0:
             return
-        test_fault("save_written", step, self.rank)
+        fault_hook("save_written", step, self.rank)
         marker["files"] = {
             os.path.relpath(os.path.join(d, f), tmp): os.path.getsize(os.path.join(d, f))
             for d, _, files in os.walk(tmp)
             for f in files
         }
         _write_json(os.path.join(tmp, MARKER), marker)
-        test_fault("save_marked", step, self.rank)
+        fault_hook("save_marked", step, self.rank)
         if os.path.exists(final):  # re-saving a step after resuming from an older load_step
             self._delete(final)
         os.rename(tmp, final)
@@ -375,6 +383,14 @@ class CheckpointManager:
             return 0, 0
         t0 = time.perf_counter()
         marker = verify_checkpoint(path)
+        try:
+            dcp.FileSystemReader(path).read_metadata()
+        except Exception as e:
+            raise UserError(
+                f"checkpoint file {os.path.join(path, '.metadata')} is unreadable ({type(e).__name__}: {e})"[
+                    :500
+                ]
+            ) from None
         model_only = model_only or marker["kind"] != "full"
         state = self._dcp_state(model_only=model_only)
         try:

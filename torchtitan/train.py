@@ -20,7 +20,8 @@ from torchtitan.checkpoint import (
     CheckpointManager,
     NonFiniteError,
     PreemptionFlag,
-    test_fault,
+    fault_hook,
+    nan_hook_step,
 )
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
@@ -150,6 +151,7 @@ def train(cfg: JobConfig) -> int:
         gc.collect(1)
     set_collective_timeout(cfg.comm.train_timeout_seconds)
     preempt = PreemptionFlag()
+    nan_step = nan_hook_step()
 
     # ---- train -------------------------------------------------------------------------------------------------
     data_iter = iter(dataloader)
@@ -163,6 +165,8 @@ def train(cfg: JobConfig) -> int:
 
         optimizer.zero_grad(set_to_none=True)
         loss = forward_backward(model_parts, inputs, labels)
+        if step == nan_step:
+            loss = loss * float("nan")
         grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
         # One tiny all-reduce per step: ranks agree on "non-finite" and "preemption signal received", so all of
         # them skip/stop/save at the same step. Checked before optimizer.step: NaN never reaches the weights.
@@ -187,7 +191,7 @@ def train(cfg: JobConfig) -> int:
 
         if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
             logger.info(metrics.last_line)
-        test_fault("step_end", step, rank)
+        fault_hook("step_end", step, rank, before=ckpt.wait)
         signum = int(flags[1])
         if ckpt.should_save(step, t.steps) or (signum and cfg.checkpoint.enable):
             last = step == t.steps and cfg.checkpoint.last_save_model_only
