@@ -138,6 +138,18 @@ def _jsonable(obj):
     return obj
 
 
+def write_marker(path: str, marker: dict) -> None:
+    """Write COMMITTED.json into checkpoint folder `path`, listing every file in it with its size."""
+    marker = dict(marker)
+    marker["files"] = {
+        os.path.relpath(os.path.join(d, f), path): os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(path)
+        for f in files
+        if f != MARKER
+    }
+    _write_json(os.path.join(path, MARKER), marker)
+
+
 def committed_checkpoints(folder: str) -> dict[int, str]:
     """{step: path} of the committed checkpoints in `folder`: a `step-<N>` folder holding the marker."""
     found = {}
@@ -316,12 +328,7 @@ class CheckpointManager:
         if self.rank != 0:
             return
         fault_hook("save_written", step, self.rank)
-        marker["files"] = {
-            os.path.relpath(os.path.join(d, f), tmp): os.path.getsize(os.path.join(d, f))
-            for d, _, files in os.walk(tmp)
-            for f in files
-        }
-        _write_json(os.path.join(tmp, MARKER), marker)
+        write_marker(tmp, marker)
         fault_hook("save_marked", step, self.rank)
         if os.path.exists(final):  # re-saving a step after resuming from an older load_step
             self._delete(final)
