@@ -191,7 +191,7 @@ def test_missing_truncated_corrupt_files(straight1, tmp_path):
     assert r.returncode == 2 and ".metadata is unreadable" in r.stderr
 
 
-def test_nonfinite_loss_stops_without_checkpoint_or_skips(tmp_path):
+def test_nonfinite_loss_stops_without_checkpoint_or_skips_and_keep_latest_k(tmp_path):
     args = ARGS + ["--checkpoint.interval=2"]
     r = run_train(
         1, args + [f"--job.dump_folder={tmp_path / 'stop'}"], env=train_env(TORCHTITAN_TEST_NAN_STEP="3")
@@ -201,8 +201,14 @@ def test_nonfinite_loss_stops_without_checkpoint_or_skips(tmp_path):
     assert steps_in(tmp_path / "stop") == [2]
     r = run_train(
         1,
-        args + [f"--job.dump_folder={tmp_path / 'skip'}", "--training.skip_nonfinite_steps=true"],
+        args
+        + [
+            f"--job.dump_folder={tmp_path / 'skip'}",
+            "--training.skip_nonfinite_steps=true",
+            "--checkpoint.keep_latest_k=2",
+        ],
         env=train_env(TORCHTITAN_TEST_NAN_STEP="3"),
     )
     assert r.returncode == 0 and "step 3: non-finite" in r.stdout + r.stderr
-    assert steps_in(tmp_path / "skip") == [2, 4, 6]
+    assert steps_in(tmp_path / "skip") == [4, 6]  # keep_latest_k=2 deleted step 2
+    assert sorted(os.listdir(tmp_path / "skip" / "checkpoint")) == ["step-4", "step-6"]

@@ -61,6 +61,7 @@ def train(cfg: JobConfig) -> int:
     # ---- build -------------------------------------------------------------------------------------------------
     device = pick_device()
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
+    preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
     dump = cfg.job.dump_folder
     init_logger(rank, os.path.join(dump, "logs"))
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
@@ -150,7 +151,6 @@ def train(cfg: JobConfig) -> int:
         gc.disable()
         gc.collect(1)
     set_collective_timeout(cfg.comm.train_timeout_seconds)
-    preempt = PreemptionFlag()
     nan_step = nan_hook_step()
 
     # ---- train -------------------------------------------------------------------------------------------------
