@@ -32,6 +32,7 @@ def preflight(argv: list[str]) -> str:
 
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    dims.validate(model_args, cfg)
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
     return f"preflight ok: {cfg.model.name} {cfg.model.flavor}, {dims.describe()}"

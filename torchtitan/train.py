@@ -6,6 +6,7 @@ torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -14,6 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from torchtitan.checkpoint import (
     EXIT_PREEMPTED,
@@ -38,23 +41,40 @@ from torchtitan.parallel import (
     pick_device,
     set_collective_timeout,
 )
+from torchtitan.profiling import Profiler
 
 
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy, computed in fp32 whatever the compute dtype (bf16 log-softmax loses digits)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, global_tokens: int) -> torch.Tensor:
+    """Sum of this micro-batch's token cross-entropies divided by the tokens of the WHOLE optimizer step.
+
+    The step's loss is the mean over global_tokens = global batch x seq_len tokens (every dp rank, every
+    micro-step). Dividing each micro-batch's sum by that one constant, and summing gradients over micro-steps and
+    dp ranks (FSDP is set to sum, see parallel/fsdp.py), gives exactly the gradient of that mean: the same update
+    as one large batch. Computed in fp32 whatever the compute dtype (bf16 log-softmax loses digits).
+    """
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum") / global_tokens
 
 
 def forward_backward(
-    model_parts: list[torch.nn.Module], inputs: torch.Tensor, labels: torch.Tensor
+    model_parts: list[torch.nn.Module],
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    global_tokens: int,
+    loss_context=contextlib.nullcontext,
 ) -> torch.Tensor:
-    """One forward and backward pass over a batch; returns the (detached) loss."""
+    """One forward and backward pass over a micro-batch; returns its (detached, plain) share of the step loss.
+
+    `loss_context` is loss_parallel() under tensor parallelism: the logits arrive sharded on the vocabulary and
+    the cross-entropy and its backward must run inside it.
+    """
     (model,) = model_parts
     logits = model(inputs)
-    loss = cross_entropy_loss(logits, labels)
-    del logits  # the largest activation; free it before backward allocates gradients
-    loss.backward()
-    return loss.detach()
+    with loss_context():
+        loss = cross_entropy_loss(logits, labels, global_tokens)
+        del logits  # the largest activation; free it before backward allocates gradients
+        loss.backward()
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def train(cfg: JobConfig) -> int:
@@ -65,6 +85,8 @@ def train(cfg: JobConfig) -> int:
     dump = cfg.job.dump_folder
     init_logger(rank, os.path.join(dump, "logs"))
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
     torch.manual_seed(cfg.training.seed)
@@ -79,7 +101,6 @@ def train(cfg: JobConfig) -> int:
             logger.info("effective config (also saved to %s/config.toml):\n%s", dump, to_toml(cfg))
 
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
-    model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
 
     # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
@@ -87,8 +108,10 @@ def train(cfg: JobConfig) -> int:
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
     model_parts = [parallelize(model, dims, cfg)]
+    # With CPU offload FSDP keeps the sharded parameters in CPU memory and copies them to the GPU per block.
+    init_device = "cpu" if cfg.parallelism.fsdp_cpu_offload else device
     for part in model_parts:
-        part.to_empty(device=device)
+        part.to_empty(device=init_device)
         part.init_weights(cfg.training.seed, fill=fill_shard)
         part.train()
 
@@ -104,6 +127,14 @@ def train(cfg: JobConfig) -> int:
         dp_world_size=dims.dp,
         batch_size=t.local_batch_size,
         seq_len=t.seq_len,
+        num_shards=cfg.data.num_shards,
+    )
+
+    accum_steps = dims.grad_accumulation_steps(t)
+    local_tokens = t.local_batch_size * t.seq_len * accum_steps  # per dp rank and optimizer step
+    global_tokens = local_tokens * dims.dp
+    loss_context = (
+        loss_parallel if dims.tp_enabled and cfg.parallelism.enable_loss_parallel else contextlib.nullcontext
     )
 
     # ---- checkpoint: seed mode, or resume (before the metrics, which continue the curves at the resumed step) --
@@ -115,7 +146,6 @@ def train(cfg: JobConfig) -> int:
         logger.info("seed checkpoint written; exiting (checkpoint.create_seed_checkpoint)")
         return 0
     start_step, tokens_seen = ckpt.load()
-    tokens_per_step = t.local_batch_size * t.seq_len * dims.dp
 
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
     compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
@@ -127,7 +157,7 @@ def train(cfg: JobConfig) -> int:
         rank=rank,
         flops_per_token=flops_per_token,
         peak=peak,
-        tokens_per_step_per_dp_rank=t.local_batch_size * t.seq_len,
+        tokens_per_step_per_dp_rank=local_tokens,
         dump_folder=dump,
         start_step=start_step,
     )
@@ -135,8 +165,8 @@ def train(cfg: JobConfig) -> int:
         f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
         f" ({model_args.num_flop_params():,} in matmuls), {world_size} x {device.type}",
         f"parallelism: {dims.describe()}",
-        f"batch: {t.local_batch_size} x {t.seq_len} tokens per dp rank, {dims.dp} dp ranks,"
-        f" {t.local_batch_size * t.seq_len * dims.dp:,} tokens per step, {t.steps} steps",
+        f"batch: {t.local_batch_size} x {t.seq_len} tokens per dp rank and micro-step, {dims.dp} dp ranks,"
+        f" {accum_steps} micro-steps, {global_tokens:,} tokens per step, {t.steps} steps",
         f"flops/token: {flops_per_token:,.0f} ("
         + ("causal attention halved" if cfg.metrics.causal_flops else "full attention, 6N + 12*L*H*D*S")
         + ")",
@@ -154,17 +184,21 @@ def train(cfg: JobConfig) -> int:
     nan_step = nan_hook_step()
 
     # ---- train -------------------------------------------------------------------------------------------------
+    profiler = Profiler(cfg, rank, dump)
     data_iter = iter(dataloader)
     for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
-        data_start = time.perf_counter()
-        inputs, labels = next(data_iter)
-        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        data_time = time.perf_counter() - data_start
-
         optimizer.zero_grad(set_to_none=True)
-        loss = forward_backward(model_parts, inputs, labels)
+        loss, data_time = torch.zeros((), device=device), 0.0
+        for _ in range(accum_steps):  # gradients add up over micro-steps
+            data_start = time.perf_counter()
+            inputs, labels = next(data_iter)
+            inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            data_time += time.perf_counter() - data_start
+            loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context)
+        # `loss` is this rank's share of the global mean; report the rank's own mean token loss
+        loss = loss * (global_tokens / local_tokens)
         if step == nan_step:
             loss = loss * float("nan")
         grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
@@ -187,10 +221,11 @@ def train(cfg: JobConfig) -> int:
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
 
-        tokens_seen += tokens_per_step
+        tokens_seen += global_tokens
 
         if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
             logger.info(metrics.last_line)
+        profiler.step()
         fault_hook("step_end", step, rank, before=ckpt.wait)
         signum = int(flags[1])
         if ckpt.should_save(step, t.steps) or (signum and cfg.checkpoint.enable):
@@ -198,6 +233,7 @@ def train(cfg: JobConfig) -> int:
             ckpt.save(step, tokens_seen, kind="export" if last else "full")
         ckpt.poll()
         if signum:
+            profiler.stop()
             ckpt.close()
             metrics.close()
             if not cfg.checkpoint.enable:
@@ -211,8 +247,11 @@ def train(cfg: JobConfig) -> int:
             return EXIT_PREEMPTED
 
     # ---- finish ------------------------------------------------------------------------------------------------
+    profiler.stop()
     ckpt.close()  # an async save still in flight is waited for and committed
     metrics.close()
+    # Leave together: a rank that tears down its gloo pairs while a peer is still mid-collective aborts the peer.
+    torch.distributed.barrier()
     logger.info("training finished after %d steps", t.steps)
     return 0
 
