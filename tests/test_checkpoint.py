@@ -223,3 +223,13 @@ def test_nonfinite_loss_stops_without_checkpoint_or_skips_and_keep_latest_k(tmp_
     assert r.returncode == 0 and "step 3: non-finite" in r.stdout + r.stderr
     assert steps_in(tmp_path / "skip") == [4, 6]  # keep_latest_k=2 deleted step 2
     assert sorted(os.listdir(tmp_path / "skip" / "checkpoint")) == ["step-4", "step-6"]
+
+
+def test_seed_checkpoint_then_run_from_it(straight1, tmp_path):
+    r = run_train(1, ARGS + [f"--job.dump_folder={tmp_path}", "--checkpoint.create_seed_checkpoint=true"])
+    assert r.returncode == 0 and steps_in(tmp_path) == [0]
+    assert not (tmp_path / "metrics.jsonl").exists() or not losses(tmp_path)  # no training step ran
+    r = run_train(1, ARGS + [f"--job.dump_folder={tmp_path}", "--training.steps=1", "--training.seed=7"])
+    assert r.returncode == 0 and "loaded model weights from" in r.stdout
+    # seed 7 would initialize other weights: the step-1 loss equals seed 0's because the weights came from step-0
+    assert losses(tmp_path)[1] == losses(straight1)[1]
