@@ -7,6 +7,7 @@ torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import sys
@@ -39,6 +40,9 @@ from torchtitan.parallel import (
     init_distributed,
     parallelize,
     pick_device,
+    pipeline_forward_backward,
+    pipeline_parallelize,
+    plan_pipeline,
     set_collective_timeout,
 )
 from torchtitan.profiling import Profiler
@@ -61,12 +65,19 @@ def forward_backward(
     labels: torch.Tensor,
     global_tokens: int,
     loss_context=contextlib.nullcontext,
+    pp=None,
 ) -> torch.Tensor:
     """One forward and backward pass over a micro-batch; returns its (detached, plain) share of the step loss.
 
     `loss_context` is loss_parallel() under tensor parallelism: the logits arrive sharded on the vocabulary and
     the cross-entropy and its backward must run inside it.
+    `pp` is (schedule, has_first_stage, has_last_stage) under pipeline parallelism: the schedule cuts the batch
+    into pipeline micro-batches and runs them through this rank's stages (its loss_fn is cross_entropy_loss with
+    the same global_tokens); ranks without the last stage return a zero loss.
     """
+    if pp is not None:
+        schedule, has_first, has_last = pp
+        return pipeline_forward_backward(schedule, inputs, labels, has_first, has_last, loss_context)
     (model,) = model_parts
     logits = model(inputs)
     with loss_context():
@@ -87,6 +98,10 @@ def train(cfg: JobConfig) -> int:
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
+    if dims.pp_enabled:  # and every pipeline constraint (stages, schedule, micro-batches)
+        pp_plan = plan_pipeline(
+            cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
+        )
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
     torch.manual_seed(cfg.training.seed)
@@ -107,7 +122,23 @@ def train(cfg: JobConfig) -> int:
     # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
-    model_parts = [parallelize(model, dims, cfg)]
+    pp = None
+    if dims.pp_enabled:
+        # the schedule computes each pipeline micro-batch's loss itself: the same normalization as below
+        tr = cfg.training
+        step_tokens = dims.grad_accumulation_steps(tr) * tr.local_batch_size * tr.seq_len * dims.dp
+        schedule, model_parts, has_first, has_last = pipeline_parallelize(
+            model,
+            pp_plan,
+            dims,
+            cfg,
+            device,
+            functools.partial(cross_entropy_loss, global_tokens=step_tokens),
+        )
+        pp = (schedule, has_first, has_last)
+        del model  # the stages are deep copies; the full meta model is no longer needed
+    else:
+        model_parts = [parallelize(model, dims, cfg)]
     # With CPU offload FSDP keeps the sharded parameters in CPU memory and copies them to the GPU per block.
     init_device = "cpu" if cfg.parallelism.fsdp_cpu_offload else device
     for part in model_parts:
@@ -196,12 +227,16 @@ def train(cfg: JobConfig) -> int:
             inputs, labels = next(data_iter)
             inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             data_time += time.perf_counter() - data_start
-            loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context)
+            loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp)
         # `loss` is this rank's share of the global mean; report the rank's own mean token loss
         loss = loss * (global_tokens / local_tokens)
         if step == nan_step:
             loss = loss * float("nan")
-        grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
+        grad_norm = clip_grad_norm_(
+            [p for part in model_parts for p in part.parameters()],
+            t.max_norm,
+            pp_mesh=dims.mesh("pp") if dims.pp_enabled else None,
+        )
         # One tiny all-reduce per step: ranks agree on "non-finite" and "preemption signal received", so all of
         # them skip/stop/save at the same step. Checked before optimizer.step: NaN never reaches the weights.
         bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float().cpu()
