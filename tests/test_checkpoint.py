@@ -138,12 +138,16 @@ def test_fsdp2_torchrun_restart_after_rank_killed_is_bitwise_identical(straight2
     assert steps_in(tmp_path) == [3, 6]
 
 
-def test_reshard_fsdp2_to_hsdp(straight2, tmp_path):
-    """Sharded (FSDP 2) checkpoint -> replicated parameters and optimizer state (HSDP 2 x 1), same data order."""
+@pytest.mark.parametrize(
+    "layout",
+    [["--parallelism.tensor_parallel_degree=2"], ["--parallelism.pipeline_parallel_degree=2"]],
+    ids=["tp2", "pp2"],
+)
+def test_reshard_fsdp2_to_tp2_or_pp2(straight2, tmp_path, layout):
+    """FSDP 2 checkpoint (async-saved) -> TP 2 (DTensor placements change) or PP 2 (each rank loads its stage's
+    half of the parameters and optimizer state). The dp degree drops to 1; data.num_shards=2 keeps the data exact."""
     shutil.copytree(straight2 / "checkpoint" / "step-3", tmp_path / "checkpoint" / "step-3")
-    r = run_train(
-        2, ARGS + [f"--job.dump_folder={tmp_path}", "--parallelism.data_parallel_replicate_degree=2"]
-    )
+    r = run_train(2, ARGS2 + [f"--job.dump_folder={tmp_path}", "--training.local_batch_size=4", *layout])
     assert r.returncode == 0
     ref, got = losses(straight2), losses(tmp_path)
     assert sorted(got) == [4, 5, 6]
