@@ -14,10 +14,19 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from torchtitan.checkpoint import (
+    EXIT_PREEMPTED,
+    CheckpointManager,
+    NonFiniteError,
+    PreemptionFlag,
+    fault_hook,
+    nan_hook_step,
+)
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
 from torchtitan.errors import UserError
@@ -82,10 +91,11 @@ def forward_backward(
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
-def train(cfg: JobConfig) -> None:
+def train(cfg: JobConfig) -> int:
     # ---- build -------------------------------------------------------------------------------------------------
     device = pick_device()
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
+    preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
     dump = cfg.job.dump_folder
     init_logger(rank, os.path.join(dump, "logs"))
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
@@ -165,6 +175,16 @@ def train(cfg: JobConfig) -> None:
         loss_parallel if dims.tp_enabled and cfg.parallelism.enable_loss_parallel else contextlib.nullcontext
     )
 
+    # ---- checkpoint: seed mode, or resume (before the metrics, which continue the curves at the resumed step) --
+    ckpt = CheckpointManager(
+        cfg, model_parts, optimizer, scheduler, dataloader, rank=rank, dp_rank=dp_rank, dp=dims.dp
+    )
+    if cfg.checkpoint.create_seed_checkpoint:
+        ckpt.save(0, 0, kind="seed")
+        logger.info("seed checkpoint written; exiting (checkpoint.create_seed_checkpoint)")
+        return 0
+    start_step, tokens_seen = ckpt.load()
+
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
     compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
     peak = resolve_peak(device, compute_dtype, cfg.metrics.peak_tflops)
@@ -178,6 +198,7 @@ def train(cfg: JobConfig) -> None:
         peak=peak,
         tokens_per_step_per_dp_rank=local_tokens,
         dump_folder=dump,
+        start_step=start_step,
     )
     header = [
         f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
@@ -201,11 +222,12 @@ def train(cfg: JobConfig) -> None:
         gc.disable()
         gc.collect(1)
     set_collective_timeout(cfg.comm.train_timeout_seconds)
+    nan_step = nan_hook_step()
 
     # ---- train -------------------------------------------------------------------------------------------------
-    profiler = Profiler(cfg, rank, dump)
+    profiler = Profiler(cfg, rank, dump, start_step)
     data_iter = iter(dataloader)
-    for step in range(1, t.steps + 1):
+    for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
         optimizer.zero_grad(set_to_none=True)
@@ -218,27 +240,67 @@ def train(cfg: JobConfig) -> None:
             loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp, loss_fn)
         # `loss` is this rank's share of the global mean; report the rank's own mean token loss
         loss = loss * (global_tokens / local_tokens)
+        if step == nan_step:
+            loss = loss * float("nan")
         grad_norm = clip_grad_norm_(
             [p for part in model_parts for p in part.parameters()],
             t.max_norm,
             pp_mesh=dims.mesh("pp") if dims.pp_enabled else None,
         )
-        optimizer.step()
-        if precompute_float8_scales is not None:
-            precompute_float8_scales(model_parts)
+        # One tiny all-reduce per step: ranks agree on "non-finite" and "preemption signal received", so all of
+        # them skip/stop/save at the same step. Checked before optimizer.step: NaN never reaches the weights.
+        bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float().cpu()
+        flags = torch.stack([bad, torch.tensor(float(preempt.signum))])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[0] > 0:
+            what = f"loss {loss.item():.4g}, grad norm {grad_norm.item():.4g} on rank {rank}"
+            if not t.skip_nonfinite_steps:
+                raise NonFiniteError(
+                    f"non-finite loss or grad norm at step {step} ({what}); stopped without saving, the last"
+                    " checkpoint is untouched (training.skip_nonfinite_steps=true skips such steps)"
+                )
+            logger.warning(f"step {step}: non-finite loss or grad norm ({what}); step skipped, grads zeroed")
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            optimizer.step()
+            if precompute_float8_scales is not None:
+                precompute_float8_scales(model_parts)
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
+
+        tokens_seen += global_tokens
 
         if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
             logger.info(metrics.last_line)
         profiler.step()
+        fault_hook("step_end", step, rank, before=ckpt.wait)
+        signum = int(flags[1])
+        if ckpt.should_save(step, t.steps) or (signum and cfg.checkpoint.enable):
+            last = step == t.steps and cfg.checkpoint.last_save_model_only
+            ckpt.save(step, tokens_seen, kind="export" if last else "full")
+        ckpt.poll()
+        if signum:
+            profiler.stop()
+            ckpt.close()
+            metrics.close()
+            if not cfg.checkpoint.enable:
+                logger.warning(
+                    f"signal {signum} received at step {step}; checkpoint.enable=false: nothing saved"
+                )
+                return 128 + signum
+            logger.warning(
+                f"signal {signum} received: checkpoint saved at step {step}; exiting {EXIT_PREEMPTED}"
+            )
+            return EXIT_PREEMPTED
 
     # ---- finish ------------------------------------------------------------------------------------------------
     profiler.stop()
+    ckpt.close()  # an async save still in flight is waited for and committed
     metrics.close()
     # Leave together: a rank that tears down its gloo pairs while a peer is still mid-collective aborts the peer.
     torch.distributed.barrier()
     logger.info("training finished after %d steps", t.steps)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,16 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         validate(cfg)
-        train(cfg)
+        return train(cfg)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     finally:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ class Training:
     gc_freq: int = opt(
         50, "run Python garbage collection every N steps (automatic GC is disabled); 0 = leave GC on"
     )
+    skip_nonfinite_steps: bool = opt(
+        False, "on a NaN/inf loss or grad norm skip the optimizer step (grads zeroed) instead of stopping"
+    )
 
 
 @dataclass
@@ -140,6 +143,27 @@ class Checkpoint:
     enable: bool = opt(False, "save and resume checkpoints")
     folder: str = opt("checkpoint", "checkpoint folder, relative to job.dump_folder")
     interval: int = opt(500, "save every N steps (and always at the last step)")
+    keep_latest_k: int = opt(
+        0, "keep only the newest K committed checkpoints (older ones are deleted after a save); 0 = keep all"
+    )
+    load_step: int = opt(-1, "step to resume from: -1 = the latest committed checkpoint in the folder")
+    async_mode: Literal["disabled", "async"] = opt(
+        "disabled",
+        "async: write checkpoints in a background thread while training continues (dcp.async_save)",
+    )
+    last_save_model_only: bool = opt(
+        False, "at the last step save only the model weights (in export_dtype) instead of a full checkpoint"
+    )
+    export_dtype: Literal["float32", "bfloat16"] = opt("float32", "dtype of model-only exports")
+    initial_load_path: str | None = opt(
+        None, "DCP folder to start from when the checkpoint folder has none (e.g. converted HF weights)"
+    )
+    initial_load_model_only: bool = opt(
+        True, "load only the model weights from initial_load_path (fresh optimizer, step 0)"
+    )
+    create_seed_checkpoint: bool = opt(
+        False, "write the initial weights as <folder>/step-0 and exit (other layouts can start from them)"
+    )
 
 
 @dataclass

@@ -288,6 +288,9 @@ def validate(cfg: JobConfig) -> None:
         cfg.profiling.profile_freq >= 1, "profiling.profile_freq", cfg.profiling.profile_freq, "must be >= 1"
     )
     need(cfg.checkpoint.interval >= 1, "checkpoint.interval", cfg.checkpoint.interval, "must be >= 1")
+    c = cfg.checkpoint
+    need(c.keep_latest_k >= 0, "checkpoint.keep_latest_k", c.keep_latest_k, "must be >= 0 (0 keeps all)")
+    need(c.load_step >= -1, "checkpoint.load_step", c.load_step, "must be >= 0, or -1 for the latest")
     need(
         cfg.comm.init_timeout_seconds > 0,
         "comm.init_timeout_seconds",

@@ -31,12 +31,34 @@ def init_distributed(device: torch.device, init_timeout_seconds: int) -> tuple[i
     timeout = datetime.timedelta(seconds=init_timeout_seconds)
     if "WORLD_SIZE" in os.environ:
         kwargs = {"device_id": device} if device.type == "cuda" else {}
+        if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            kwargs.update(_attempt_store(timeout))
         dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
     else:
         dist.init_process_group(
             backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
         )
     return dist.get_rank(), dist.get_world_size()
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dict:
+    """Under torchrun, the rendezvous store with keys prefixed by the restart attempt.
+
+    torchrun --max-restarts keeps one TCPStore across attempts. In torch 2.13 the workers' keys are not separated
+    per attempt, so a restarted gloo group reads the dead attempt's addresses and fails ("connectFullMesh ...
+    Connection refused"). A per-attempt prefix makes every attempt rendezvous from scratch.
+    """
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0 hosts the store
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0 and not agent_store,
+        timeout=timeout,
+    )
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    return {"store": dist.PrefixStore(f"/attempt_{attempt}", store), "rank": rank, "world_size": world}
 
 
 def set_collective_timeout(seconds: int) -> None:
