@@ -29,6 +29,8 @@ from torchtitan.parallel import (
     pick_device,
     set_collective_timeout,
 )
+from torchtitan.parallel.distributed import check_node_count, launch_world
+from torchtitan.watchdog import Watchdog, die, first_line, hook_stall, is_comm_failure
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -50,11 +52,13 @@ def forward_backward(
 
 def train(cfg: JobConfig) -> None:
     # ---- build -------------------------------------------------------------------------------------------------
+    # A world that does not match the config fails here with both numbers, before any rank waits for another.
+    check_node_count(cfg.job.expected_nodes)
+    dims = ParallelDims.from_config(cfg.parallelism, launch_world()[0])
+    dump = cfg.job.dump_folder
+    init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
     device = pick_device()
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
-    dump = cfg.job.dump_folder
-    init_logger(rank, os.path.join(dump, "logs"))
-    dims = ParallelDims.from_config(cfg.parallelism, world_size)
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
     torch.manual_seed(cfg.training.seed)
@@ -129,6 +133,7 @@ def train(cfg: JobConfig) -> None:
         gc.disable()
         gc.collect(1)
     set_collective_timeout(cfg.comm.train_timeout_seconds)
+    watchdog = Watchdog(cfg.comm.watchdog_timeout_seconds, cfg.comm.init_timeout_seconds, rank)
 
     # ---- train -------------------------------------------------------------------------------------------------
     data_iter = iter(dataloader)
@@ -139,18 +144,28 @@ def train(cfg: JobConfig) -> None:
         inputs, labels = next(data_iter)
         inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         data_time = time.perf_counter() - data_start
+        hook_stall(step, rank)
 
-        optimizer.zero_grad(set_to_none=True)
-        loss = forward_backward(model_parts, inputs, labels)
-        grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
-        optimizer.step()
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
-
-        if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
+        try:
+            optimizer.zero_grad(set_to_none=True)
+            loss = forward_backward(model_parts, inputs, labels)
+            grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
+            optimizer.step()
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            record = metrics.record_step(step, loss, grad_norm, lr, data_time)
+        except RuntimeError as e:
+            if is_comm_failure(e):  # a peer died or hung: one line naming this rank and the last good step
+                die(
+                    f"rank {rank}: collective failed in step {step} (last completed step {step - 1}): {first_line(e)}"
+                )
+            raise
+        watchdog.beat(step)
+        if record is not None:
             logger.info(metrics.last_line)
 
     # ---- finish ------------------------------------------------------------------------------------------------
+    watchdog.stop()
     metrics.close()
     logger.info("training finished after %d steps", t.steps)
 
@@ -163,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         validate(cfg)
+        if cfg.job.dry_run:  # the launch checks only: no process group, no device, no training
+            from torchtitan.preflight import run_checks
+
+            return run_checks(cfg, launch_world()[0])
         train(cfg)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
