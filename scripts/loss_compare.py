@@ -39,16 +39,29 @@ def run(nproc: int, args: list[str], dump: str, timeout: int = 900) -> list[dict
     if nproc == 1:
         cmd = [sys.executable, str(ROOT / "train.py")]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(ROOT / "train.py")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            str(ROOT / "train.py"),
+        ]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run(
         [*cmd, *PARITY_DEFAULTS, *args, f"--job.dump_folder={dump}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if r.returncode != 0:
-        raise RuntimeError(f"run failed ({' '.join(args)}), exit {r.returncode}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+        raise RuntimeError(
+            f"run failed ({' '.join(args)}), exit {r.returncode}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+        )
     with open(os.path.join(dump, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 
@@ -71,7 +84,12 @@ def compare(rows_a: list[dict], rows_b: list[dict], rtol: float, keys=("loss/glo
 
 
 def loss_compare(
-    args_a: list[str], args_b: list[str], nproc_a: int = 1, nproc_b: int = 1, common: list[str] = (), rtol: float = 1e-4
+    args_a: list[str],
+    args_b: list[str],
+    nproc_a: int = 1,
+    nproc_b: int = 1,
+    common: list[str] = (),
+    rtol: float = 1e-4,
 ):
     """Run both layouts and return (ok, report text, worst relative difference per key)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +97,11 @@ def loss_compare(
         rows_b = run(nproc_b, [*common, *args_b], os.path.join(tmp, "b"))
     lines, worst = compare(rows_a, rows_b, rtol)
     ok = all(v <= rtol for v in worst.values())
-    lines.append("worst relative difference: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items()) + f" (rtol {rtol:g})")
+    lines.append(
+        "worst relative difference: "
+        + ", ".join(f"{k} {v:.2e}" for k, v in worst.items())
+        + f" (rtol {rtol:g})"
+    )
     return ok, "\n".join(lines), worst
 
 

@@ -162,3 +162,25 @@ def test_cli_error_is_one_line_exit_2_no_traceback():
 def test_cli_help_exit_0():
     r = run_cli("--help")
     assert r.returncode == 0 and "--training.steps" in r.stdout
+
+
+def test_vocab_mismatch_is_one_line_exit_2():
+    r = run_cli(
+        "--job.config_file=train_configs/debug_model.toml", "--model.vocab_size=4096", "--training.steps=1"
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "2048" in lines[0] and "4096" in lines[0] and "debug.model" in lines[0]
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_run_train_sh_checks_before_torchrun(tmp_path):
+    """A bad key is reported once, by the preflight, before any worker starts."""
+    r = subprocess.run(
+        ["./run_train.sh", "--training.stepz=3"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: command line: unknown key 'training.stepz'; did you mean 'training.steps'?"
+    )
+    assert "torch.distributed" not in r.stderr and "Traceback" not in r.stderr

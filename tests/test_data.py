@@ -195,7 +195,7 @@ def test_wrap_around_restarts_with_epoch_warning(tmp_path, caplog):
     endless = ref * 4  # the buffer carries over: epoch e+1's tokens follow epoch e's directly
     assert got == [endless[i * n : (i + 1) * n] for i in range(len(got))]
     assert "starting epoch 1" in caplog.text and "starting epoch 3" in caplog.text
-    assert dl.state_dict()["epoch"] == 3
+    assert dl.state_dict()["shards"]["0"]["epoch"] == 3
 
 
 def test_finite_loader_stops(tmp_path):
@@ -288,6 +288,120 @@ def test_resume_with_other_dp_degree_is_a_user_error(sp):
     other = build_dataloader("debug_corpus", None, "text", sp, 0, 4, 1, 8)
     with pytest.raises(UserError, match="same data-parallel degree"):
         other.load_state_dict(sd)
+
+
+# ------------------------------------------------------------------------------------------------ virtual shards
+
+
+def _global_loaders(path, dp, k, global_bs, seq_len=10, **kw):
+    """One loader per dp rank, each with its share of the global batch."""
+    return [
+        build_dataloader(
+            "x", str(path), "text", ByteTokenizer(), r, dp, global_bs // dp, seq_len, num_shards=k, **kw
+        )
+        for r in range(dp)
+    ]
+
+
+def _global_batches(loaders, n):
+    """The next n global batches: every rank's local batch, concatenated in dp-rank order."""
+    its = [iter(dl) for dl in loaders]
+    out = []
+    for _ in range(n):
+        parts = [next(it) for it in its]
+        out.append((torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])))
+    return out
+
+
+def _merged_state(loaders):
+    """What a checkpoint does: the union of every rank's shard states (must survive JSON)."""
+    sds = [dl.state_dict() for dl in loaders]
+    merged = {"num_shards": sds[0]["num_shards"], "shards": {}}
+    for sd in sds:
+        assert sd["num_shards"] == merged["num_shards"] and not set(sd["shards"]) & set(merged["shards"])
+        merged["shards"].update(sd["shards"])
+    return json.loads(json.dumps(merged))
+
+
+@pytest.mark.parametrize("n_files", [1, 4])  # one file: 1 row in K per shard; 4 files: whole files per shard
+def test_virtual_shards_global_batch_independent_of_dp(tmp_path, n_files):
+    texts = docs(13)  # shards of 3-4 documents: 2-3 epochs (wrapping at different steps per shard)
+    for f in range(n_files):
+        write_jsonl(tmp_path / f"part{f}.jsonl", texts[f::n_files])
+    ref = _global_batches(_global_loaders(tmp_path, 1, 4, 8), 12)
+    for dp in (2, 4):
+        assert_same(_global_batches(_global_loaders(tmp_path, dp, 4, 8), 12), ref)
+
+    # the rows are the shards' own packed streams, shard by shard: shard k gives rows 2k, 2k+1 of each batch
+    n = 11
+    for k in range(4):
+        tok = ByteTokenizer()
+        list(build_dataloader("x", str(tmp_path), "text", tok, k, 4, 1, 4, infinite=False))  # shard k's docs
+        first_pass = stream(ByteTokenizer(), tok.seen)  # later epochs may reorder files: check epoch 0
+        got = [w for x, y in ref for w in torch.cat([x, y[:, -1:]], 1)[2 * k : 2 * k + 2].tolist()]
+        m = len(first_pass) // n
+        assert m >= 2 and got[:m] == [first_pass[i * n : (i + 1) * n] for i in range(m)]
+    # num_shards=None is one shard per dp rank: at dp 4 it is exactly num_shards=4
+    assert_same(_global_batches(_global_loaders(tmp_path, 4, None, 8), 12), ref)
+
+
+def test_virtual_shards_resume_across_dp(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", docs(13))
+    ref = _global_batches(_global_loaders(tmp_path, 1, 4, 8), 14)  # uninterrupted dp-1 run
+    for steps in (0, 3, 7):
+        saving = _global_loaders(tmp_path, 4, 4, 8)
+        assert_same(_global_batches(saving, steps), ref[:steps])
+        sd = _merged_state(saving)
+        assert sorted(sd["shards"]) == ["0", "1", "2", "3"]
+        for dp in (2, 1, 4):
+            resumed = _global_loaders(tmp_path, dp, 4, 8)
+            for dl in resumed:
+                dl.load_state_dict(sd)
+            assert_same(_global_batches(resumed, 14 - steps), ref[steps:])
+
+
+def test_virtual_shards_divisibility_and_state_errors(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", docs(12))
+
+    def make(rank, dp, bs, k):
+        return build_dataloader("x", str(path), "text", ByteTokenizer(), rank, dp, bs, 8, num_shards=k)
+
+    with pytest.raises(UserError) as e:
+        make(0, 4, 2, 6)
+    msg = str(e.value)
+    assert "data.num_shards=6" in msg and "data-parallel degree 4" in msg and "multiple of 4" in msg
+    with pytest.raises(UserError) as e:
+        make(0, 2, 2, 8)  # 4 shards per rank cannot split a local batch of 2
+    msg = str(e.value)
+    assert "data.num_shards=8" in msg and "data-parallel degree 2" in msg and "local batch size 2" in msg
+    assert "[2, 4]" in msg and "\n" not in msg
+    with pytest.raises(UserError, match="at least 1"):
+        make(0, 1, 2, 0)
+
+    sd = make(0, 2, 2, 4).state_dict()
+    assert sd["num_shards"] == 4 and sorted(sd["shards"]) == ["0", "1"]
+    with pytest.raises(UserError) as e:
+        make(1, 2, 2, 4).load_state_dict(sd)  # rank 1 needs shards 2 and 3
+    assert "lacks shard(s) 2, 3" in str(e.value) and "merge" in str(e.value)
+    with pytest.raises(UserError) as e:
+        make(0, 2, 2, 2).load_state_dict(sd)
+    assert "4 shards" in str(e.value) and "keep data.num_shards the same" in str(e.value)
+    with pytest.raises(UserError, match="shard 3 of 4 \\(data.num_shards\\)"):
+        next(
+            iter(
+                build_dataloader(
+                    "x",
+                    str(write_jsonl(tmp_path / "3.jsonl", docs(3))),
+                    "text",
+                    ByteTokenizer(),
+                    0,
+                    1,
+                    4,
+                    8,
+                    num_shards=4,
+                )
+            )
+        )
 
 
 # ------------------------------------------------------------------------------------------------ user files

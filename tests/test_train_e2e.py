@@ -96,3 +96,21 @@ def test_single_process_without_torchrun(tmp_path):
     r = run_train(1, TINY + [f"--job.dump_folder={tmp_path}", "--training.steps=3"])
     assert r.returncode == 0
     assert "step      3" in r.stdout
+
+
+def test_profiler_writes_traces(tmp_path):
+    r = run_train(
+        1,
+        TINY
+        + [
+            f"--job.dump_folder={tmp_path}",
+            "--training.steps=4",
+            "--profiling.enable_profiling",
+            "--profiling.profile_freq=2",
+        ],
+    )
+    assert r.returncode == 0
+    traces = sorted(p.name for p in (tmp_path / "profile_traces").iterdir())
+    assert traces == ["rank0_step2.json", "rank0_step4.json"]
+    events = json.loads((tmp_path / "profile_traces" / "rank0_step4.json").read_text())["traceEvents"]
+    assert any("aten::mm" in e.get("name", "") or "aten::addmm" in e.get("name", "") for e in events)

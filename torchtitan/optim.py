@@ -69,10 +69,11 @@ def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
     With FSDP the gradients are DTensors sharded over the data-parallel mesh; their norm is a DTensor whose
     `full_tensor()` reduces the partial sums across the shards, so every rank sees the same global norm.
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    parameters = [p for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in parameters], foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=True)
+        # takes the parameters (it scales each p.grad), not the gradients themselves
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=True)
     return total

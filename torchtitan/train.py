@@ -30,6 +30,7 @@ from torchtitan.parallel import (
     set_collective_timeout,
 )
 from torchtitan.parallel.distributed import check_node_count, launch_world
+from torchtitan.profiling import Profiler
 from torchtitan.watchdog import Watchdog, die, first_line, hook_stall, is_comm_failure
 
 
@@ -98,6 +99,7 @@ def train(cfg: JobConfig) -> None:
         dp_world_size=dims.dp,
         batch_size=t.local_batch_size,
         seq_len=t.seq_len,
+        num_shards=cfg.data.num_shards,
     )
 
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
@@ -136,6 +138,7 @@ def train(cfg: JobConfig) -> None:
     watchdog = Watchdog(cfg.comm.watchdog_timeout_seconds, cfg.comm.init_timeout_seconds, rank)
 
     # ---- train -------------------------------------------------------------------------------------------------
+    profiler = Profiler(cfg, rank, dump)
     data_iter = iter(dataloader)
     for step in range(1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
@@ -163,10 +166,14 @@ def train(cfg: JobConfig) -> None:
         watchdog.beat(step)
         if record is not None:
             logger.info(metrics.last_line)
+        profiler.step()
 
     # ---- finish ------------------------------------------------------------------------------------------------
     watchdog.stop()
+    profiler.stop()
     metrics.close()
+    # Leave together: a rank that tears down its gloo pairs while a peer is still mid-collective aborts the peer.
+    torch.distributed.barrier()
     logger.info("training finished after %d steps", t.steps)
 
 

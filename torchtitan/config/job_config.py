@@ -108,6 +108,11 @@ class Data:
         None, "local .json/.jsonl/.parquet/.txt file, glob or folder (overrides the source's path)"
     )
     text_field: str = opt("text", "name of the text column in the dataset")
+    num_shards: int | None = opt(
+        None,
+        "split the documents into this many virtual shards (a multiple of the dp degree) so the global batch "
+        "and resume do not depend on the dp degree; None = one per dp rank (cheapest)",
+    )
 
 
 @dataclass

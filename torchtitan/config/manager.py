@@ -269,6 +269,8 @@ def validate(cfg: JobConfig) -> None:
         "must be in [0, 1]",
     )
     need(0 <= s.min_lr_factor <= 1, "lr_scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]")
+    d = cfg.data.num_shards
+    need(d is None or d >= 1, "data.num_shards", d, "must be >= 1 or none (one shard per data-parallel rank)")
     need(m.log_freq >= 1, "metrics.log_freq", m.log_freq, "must be >= 1")
     need(
         m.peak_tflops is None or m.peak_tflops > 0,

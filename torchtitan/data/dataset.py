@@ -1,20 +1,26 @@
-"""Text source -> tokens -> packed (input, label) windows, one disjoint stream per data-parallel rank.
+"""Text source -> tokens -> packed (input, label) windows, from disjoint shards of the documents.
 
-    documents (HF datasets, streaming)  --split_dataset_by_node-->  this rank's documents
-      -> [BOS] + tokens + [EOS] per document, concatenated into one token stream
+    documents (HF datasets, streaming)  --split_dataset_by_node-->  K shards (disjoint documents)
+      -> per shard: [BOS] + tokens + [EOS] per document, concatenated into one token stream
       -> consecutive windows of seq_len + 1 tokens; input = w[:-1], label = w[1:]
-      -> batch_size windows stacked into [batch_size, seq_len] int64 tensors
+      -> a batch: batch_size / (K / dp) consecutive windows from each shard this rank owns, stacked into
+         [batch_size, seq_len] int64 tensors
+
+K = data.num_shards, or the data-parallel degree when unset (one shard per rank). Rank r owns the contiguous
+shards [r * K/dp, (r + 1) * K/dp), so with a fixed K the global batch (all ranks' batches in rank order) is the
+same for every data-parallel degree dividing K: loss parity across layouts and resume across degrees.
 
 Packing wastes no tokens on padding; attention is not masked at document boundaries (as in Llama 3 pre-training
 at this scale; BOS tells the model a new document started). The one token where two windows meet is the last
 label of one window and is never an input, the usual price of non-overlapping windows.
 
-Resume is exact: the loader's state is the HF dataset's own position (documents already pulled) plus our
+Resume is exact: each shard's state is the HF dataset's own position (documents already pulled) plus our
 leftover token buffer and epoch, taken between batches; loading it reproduces the very next batch.
 """
 
 from __future__ import annotations
 
+import copy
 import glob
 import logging
 from collections.abc import Callable, Iterator
@@ -124,11 +130,120 @@ class _Exhausted(Exception):
     pass
 
 
+class _Shard:
+    """One packed token stream: shard `index` of `count` of the documents, with its own exact position.
+
+    `label` names the shard in messages ("data-parallel rank 1 of 2" or "shard 3 of 8 (data.num_shards)").
+    """
+
+    def __init__(self, hf_dataset, index: int, count: int, loader: TextDataLoader, label: str, fix: str):
+        from datasets.distributed import split_dataset_by_node
+
+        # One source file -> every shard reads it and keeps 1 document in `count`; with a multiple of `count`
+        # files, whole files are assigned to shards. Either way the shards' documents are disjoint.
+        self.ds = split_dataset_by_node(hf_dataset, rank=index, world_size=count)
+        self.loader, self.label, self.fix = loader, label, fix
+
+        self.buffer: list[int] = []  # tokens of documents already pulled, not yet emitted
+        self.epoch = 0
+        self.it: Iterator | None = None  # live iterator over self.ds; None until the next document is needed
+        self.hf_state: dict | None = None  # position to report while self.it is None
+        self.docs_this_pass = 0  # non-empty documents read since the source (re)started
+        self.pass_from_start = True
+
+    def _next_tokens(self) -> list[int]:
+        """Tokens of the next document of this shard, framed by BOS/EOS. Restarts the source at its end."""
+        dl = self.loader
+        while True:
+            if self.it is None:
+                self.ds.set_epoch(self.epoch)  # the HF state records its epoch; a later epoch starts fresh
+                self.it = iter(self.ds)
+            try:
+                row = next(self.it)
+            except StopIteration:
+                if self.docs_this_pass == 0 and self.pass_from_start:
+                    raise UserError(f"{dl.name} gives no documents to {self.label}; {self.fix}") from None
+                if not dl.infinite:
+                    raise _Exhausted from None
+                self.epoch += 1
+                self.it, self.hf_state = None, None
+                self.docs_this_pass, self.pass_from_start = 0, True
+                logger.warning(
+                    f"{dl.name}: {self.label} reached the end of its data; starting epoch {self.epoch}"
+                )
+                continue
+            if dl.text_field not in row:
+                raise UserError(
+                    f"data.text_field '{dl.text_field}' is not a column of {dl.name}; columns are {', '.join(row)}"
+                )
+            text = row[dl.text_field]
+            if not isinstance(text, str):
+                if text is None:
+                    continue
+                raise UserError(
+                    f"data.text_field '{dl.text_field}' of {dl.name} holds {type(text).__name__}, not text"
+                )
+            if text:  # empty rows (blank lines of a .txt) would only add BOS/EOS pairs
+                self.docs_this_pass += 1
+                return dl.tokenizer.encode(text, bos=True, eos=True)
+
+    def next_window(self) -> list[int]:
+        n = self.loader.seq_len + 1
+        while len(self.buffer) < n:
+            self.buffer.extend(self._next_tokens())
+        window = self.buffer[:n]
+        del self.buffer[:n]
+        return window
+
+    def state_dict(self) -> dict:
+        return {
+            "hf": self.ds.state_dict() if self.it is not None else self.hf_state,
+            "buffer": list(self.buffer),
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.buffer = list(sd["buffer"])
+        self.epoch = sd["epoch"]
+        self.hf_state = copy.deepcopy(sd["hf"])  # HF keeps a reference to what it is given; a copy stays ours
+        # HF applies this starting state at the next iter() whose epoch matches the one recorded in it.
+        self.ds.load_state_dict(copy.deepcopy(sd["hf"]))
+        self.it = None
+        self.docs_this_pass, self.pass_from_start = 0, sd["hf"] is None
+
+
+def _check_shards(num_shards: int, dp_world_size: int, batch_size: int) -> None:
+    """Virtual shards keep the global batch independent of the dp degree only when both divisions are exact."""
+    if num_shards < 1:
+        raise UserError(
+            f"data.num_shards={num_shards} must be at least 1 (or unset: one per data-parallel rank)"
+        )
+    if num_shards % dp_world_size:
+        raise UserError(
+            f"data.num_shards={num_shards} is not a multiple of the data-parallel degree {dp_world_size}; "
+            f"use a multiple of {dp_world_size} (e.g. {dp_world_size * batch_size}) or leave data.num_shards unset"
+        )
+    per_rank = num_shards // dp_world_size
+    if batch_size % per_rank:
+        valid = [dp_world_size * d for d in range(1, batch_size + 1) if batch_size % d == 0]
+        raise UserError(
+            f"data.num_shards={num_shards} at data-parallel degree {dp_world_size} gives {per_rank} shards per rank, "
+            f"which does not divide the local batch size {batch_size} (each shard fills an equal part of it); "
+            f"use data.num_shards in {valid} or a training.local_batch_size that is a multiple of {per_rank}"
+        )
+
+
 class TextDataLoader:
     """Iterable over (inputs, labels) batches for one data-parallel rank, with exact state_dict/load_state_dict.
 
+    The documents are split into `num_shards` disjoint shards, each its own packed token stream; this rank owns
+    the contiguous shards [dp_rank * S, (dp_rank + 1) * S) with S = num_shards / dp_world_size, and a batch
+    takes batch_size / S consecutive windows from each of them, shard by shard. So the concatenation of all
+    ranks' batches (the global batch) depends on num_shards, not on the data-parallel degree. num_shards=None
+    means one shard per rank (the cheapest: each rank opens its source once).
+
     Iterating continues from the current position (it does not restart), so `iter()` may be called again after
-    load_state_dict. With infinite=True (default) the source restarts at its end, logging the new epoch number.
+    load_state_dict. With infinite=True (default) each shard restarts at its end, logging the new epoch number.
     """
 
     def __init__(
@@ -142,106 +257,71 @@ class TextDataLoader:
         seq_len: int,
         infinite: bool = True,
         name: str = "dataset",
+        num_shards: int | None = None,
     ):
-        from datasets.distributed import split_dataset_by_node
-
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_world_size})")
-        # One source file -> every rank reads it and keeps 1 document in dp_world_size; with a multiple of
-        # dp_world_size files, whole files are assigned to ranks. Either way the ranks' documents are disjoint.
-        self.ds = split_dataset_by_node(hf_dataset, rank=dp_rank, world_size=dp_world_size)
         self.tokenizer, self.text_field, self.name = tokenizer, text_field, name
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.batch_size, self.seq_len, self.infinite = batch_size, seq_len, infinite
-
-        self._buffer: list[int] = []  # tokens of documents already pulled, not yet emitted
-        self._epoch = 0
-        self._it: Iterator | None = None  # live iterator over self.ds; None until the next document is needed
-        self._hf_state: dict | None = None  # position to report while self._it is None
-        self._docs_this_pass = 0  # non-empty documents read since the source (re)started
-        self._pass_from_start = True
-
-    # -- the stream ----------------------------------------------------------------------------------------
-
-    def _next_tokens(self) -> list[int]:
-        """Tokens of the next document of this rank, framed by BOS/EOS. Restarts the source at its end."""
-        while True:
-            if self._it is None:
-                self.ds.set_epoch(self._epoch)  # the HF state records its epoch; a later epoch starts fresh
-                self._it = iter(self.ds)
-            try:
-                row = next(self._it)
-            except StopIteration:
-                if self._docs_this_pass == 0 and self._pass_from_start:
-                    raise UserError(
-                        f"{self.name} gives no documents to data-parallel rank {self.dp_rank} of "
-                        f"{self.dp_world_size}; use more data or fewer data-parallel ranks"
-                    ) from None
-                if not self.infinite:
-                    raise _Exhausted from None
-                self._epoch += 1
-                self._it, self._hf_state = None, None
-                self._docs_this_pass, self._pass_from_start = 0, True
-                logger.warning(
-                    f"{self.name}: dp rank {self.dp_rank} reached the end of its data; starting epoch {self._epoch}"
-                )
-                continue
-            if self.text_field not in row:
-                raise UserError(
-                    f"data.text_field '{self.text_field}' is not a column of {self.name}; columns are {', '.join(row)}"
-                )
-            text = row[self.text_field]
-            if not isinstance(text, str):
-                if text is None:
-                    continue
-                raise UserError(
-                    f"data.text_field '{self.text_field}' of {self.name} holds {type(text).__name__}, not text"
-                )
-            if text:  # empty rows (blank lines of a .txt) would only add BOS/EOS pairs
-                self._docs_this_pass += 1
-                return self.tokenizer.encode(text, bos=True, eos=True)
-
-    def _next_window(self) -> list[int]:
-        n = self.seq_len + 1
-        while len(self._buffer) < n:
-            self._buffer.extend(self._next_tokens())
-        window = self._buffer[:n]
-        del self._buffer[:n]
-        return window
+        self.virtual = num_shards is not None
+        self.num_shards = num_shards if self.virtual else dp_world_size
+        _check_shards(self.num_shards, dp_world_size, batch_size)
+        per_rank = self.num_shards // dp_world_size
+        self.rows_per_shard = batch_size // per_rank
+        self.shards: dict[int, _Shard] = {}
+        for k in range(dp_rank * per_rank, (dp_rank + 1) * per_rank):
+            if self.virtual:
+                label = f"shard {k} of {self.num_shards} (data.num_shards)"
+                fix = "use more data or a smaller data.num_shards"
+            else:
+                label = f"data-parallel rank {dp_rank} of {dp_world_size}"
+                fix = "use more data or fewer data-parallel ranks"
+            self.shards[k] = _Shard(hf_dataset, k, self.num_shards, self, label, fix)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
             try:
-                w = torch.tensor([self._next_window() for _ in range(self.batch_size)], dtype=torch.int64)
+                rows = [s.next_window() for s in self.shards.values() for _ in range(self.rows_per_shard)]
             except _Exhausted:
                 return  # only with infinite=False: a partial last batch is dropped
+            w = torch.tensor(rows, dtype=torch.int64)
             yield w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
     # -- checkpointing -------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Plain Python values only (ints, strs, lists, dicts): store one per data-parallel rank."""
+        """JSON-serializable: {"num_shards": K, "shards": {"k": state}} for this rank's shards, taken between batches.
+
+        The "shards" of all ranks may be merged into one dict: any rank of any data-parallel degree can then
+        load it, which makes resuming with another degree exact as long as data.num_shards stays the same.
+        """
         return {
-            "hf": self.ds.state_dict() if self._it is not None else self._hf_state,
-            "buffer": list(self._buffer),
-            "epoch": self._epoch,
-            "dp_rank": self.dp_rank,
-            "dp_world_size": self.dp_world_size,
+            "num_shards": self.num_shards,
+            "shards": {str(k): s.state_dict() for k, s in self.shards.items()},
         }
 
     def load_state_dict(self, sd: dict) -> None:
-        if (sd["dp_rank"], sd["dp_world_size"]) != (self.dp_rank, self.dp_world_size):
+        """Takes the states of (at least) this rank's shards; states of other shards are ignored."""
+        how = (
+            "keep data.num_shards the same to resume exactly"
+            if self.virtual
+            else "resume with the same data-parallel degree, or set data.num_shards in both runs to resume "
+            "across degrees"
+        )
+        if sd["num_shards"] != self.num_shards:
+            saved = f"{sd['num_shards']} shards"
+            now = f"{self.num_shards} ({'data.num_shards' if self.virtual else 'one per data-parallel rank'})"
+            raise UserError(f"data loader state has {saved} but this run uses {now}; {how}")
+        missing = [str(k) for k in self.shards if str(k) not in sd["shards"]]
+        if missing:
             raise UserError(
-                f"data loader state was saved by data-parallel rank {sd['dp_rank']} of {sd['dp_world_size']} but is "
-                f"loaded by rank {self.dp_rank} of {self.dp_world_size}; resume with the same data-parallel degree"
+                f"data loader state lacks shard(s) {', '.join(missing)} of {self.num_shards}, needed by "
+                f"data-parallel rank {self.dp_rank} of {self.dp_world_size}; it holds {', '.join(sd['shards'])}: "
+                "merge the states of all saving ranks"
             )
-        self._buffer = list(sd["buffer"])
-        self._epoch = sd["epoch"]
-        self._hf_state = sd["hf"]
-        # HF applies this starting state at the next iter() whose epoch matches the one recorded in it.
-        self.ds.load_state_dict(sd["hf"])
-        self._it = None
-        self._docs_this_pass, self._pass_from_start = 0, sd["hf"] is None
+        for k, s in self.shards.items():
+            s.load_state_dict(sd["shards"][str(k)])
 
 
 def build_dataloader(
@@ -255,13 +335,18 @@ def build_dataloader(
     seq_len: int,
     split: str = "train",
     infinite: bool = True,
+    num_shards: int | None = None,
 ) -> TextDataLoader:
-    """The trainer's data: yields ([batch_size, seq_len], [batch_size, seq_len]) int64 CPU tensors forever."""
+    """The trainer's data: yields ([batch_size, seq_len], [batch_size, seq_len]) int64 CPU tensors forever.
+
+    num_shards (data.num_shards): split the documents into this many virtual shards so that the global batch is
+    the same for every data-parallel degree dividing it; None = one shard per data-parallel rank.
+    """
     hf, where = _open_source(dataset, dataset_path, split)
     if dataset_path or dataset == "debug_corpus":  # local files: checking the column costs one read
         _check_text_field(hf, text_field, where)
     return TextDataLoader(
-        hf, tokenizer, text_field, dp_rank, dp_world_size, batch_size, seq_len, infinite, name=where
+        hf, tokenizer, text_field, dp_rank, dp_world_size, batch_size, seq_len, infinite, where, num_shards
     )
 
 
