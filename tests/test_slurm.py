@@ -40,7 +40,11 @@ def slurm(tmp_path_factory):
             break
     env = dict(os.environ, SLURM_CTLD_PORT=str(base), SLURM_NODE_PORT=str(base + 1))
     r = subprocess.run(
-        [str(ROOT / "scripts/ci/start_slurm.sh"), str(d)], env=env, capture_output=True, text=True, timeout=900
+        [str(ROOT / "scripts/ci/start_slurm.sh"), str(d)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     if r.returncode == 77:
         pytest.skip(r.stderr.strip().splitlines()[-1])

@@ -86,8 +86,9 @@ def check_dataset(cfg) -> str:
     from torchtitan.data.dataset import _open_source
 
     d = cfg.data
-    ds, where = _open_source(d.dataset, d.dataset_path, "train")
+    where = f"data.dataset_path {d.dataset_path}" if d.dataset_path else f"data.dataset {d.dataset}"
     try:
+        ds, where = _open_source(d.dataset, d.dataset_path, "train")
         for i, row in enumerate(ds):
             if d.text_field not in row:
                 raise UserError(
@@ -99,6 +100,8 @@ def check_dataset(cfg) -> str:
                 break
     except UserError:
         raise
+    except StopIteration:  # `datasets` raises it while inferring the schema of an empty json file
+        pass
     except Exception as e:  # network, permissions, corrupt files: whatever the source raises, one line
         raise UserError(
             f"{where} could not be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
