@@ -91,32 +91,43 @@ def finished(env: dict, job: str) -> str | None:
     return state if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None
 
 
-def test_two_node_job_trains_to_completion(slurm, tmp_path):
+@pytest.fixture(scope="module")
+def jobs(slurm, tmp_path_factory):
+    """Both jobs are submitted at once: each takes one core on each of the two nodes, so they run side by side."""
     _, conf = slurm
-    env = job_env(conf)
-    out = tmp_path / "slurm.out"
-    job = sbatch(env, out, TINY + STEPS + [f"--job.dump_folder={tmp_path / 'run'}"])
+    d = tmp_path_factory.mktemp("jobs")
+    plain_env = job_env(conf)
+    plain = sbatch(plain_env, d / "plain.out", TINY + STEPS + [f"--job.dump_folder={d / 'plain'}"])
+    # Step 3 takes 10 s so that the preemption signal lands mid-run.
+    pre_env = job_env(conf, TORCHTITAN_TEST_STALL_AT_STEP="3", TORCHTITAN_TEST_STALL_SECONDS="10")
+    args = TINY + STEPS + [f"--job.dump_folder={d / 'preempted'}", "--checkpoint.enable=true"]
+    preempted = sbatch(pre_env, d / "preempted.out", args)
+    return d, {"plain": (plain, plain_env), "preempted": (preempted, pre_env)}
+
+
+def test_two_node_job_trains_to_completion(jobs):
+    d, ids = jobs
+    job, env = ids["plain"]
     state = wait_for(lambda: finished(env, job), 600, f"job {job} to finish")
-    text = out.read_text()
+    text = (d / "plain.out").read_text()
     assert state == "COMPLETED", text[-4000:]
     assert "2 node(s) x 1 process(es)" in text
     assert "preflight ok" in text
     # One world across both nodes: both ranks train and the loss is the global one on both.
-    for rank in (0, 1):
-        assert f"[rank{rank}]" in text and "training finished after 5 steps" in text
-        assert (tmp_path / "run" / "logs" / f"rank{rank}.log").exists()
     assert "world 2 = pp 1 x dp_replicate 1 x dp_shard 2" in text
+    for rank in (0, 1):
+        assert re.search(rf"\[rank{rank}\] \S+ INFO training finished after 5 steps", text), text[-4000:]
+        assert (d / "plain" / "logs" / f"rank{rank}.log").exists()
+    losses = re.findall(r"\[rank(\d)\] \S+ INFO step\s+5\s+loss\s+(\S+)", text)
+    assert len(losses) == 2 and losses[0][1] == losses[1][1]
 
 
-def test_preempted_job_checkpoints_requeues_and_resumes(slurm, tmp_path):
+def test_preempted_job_checkpoints_requeues_and_resumes(jobs):
     """USR1 to the batch shell (what `#SBATCH --signal=B:USR1@N` does before the time limit) -> TERM to the
     trainers -> checkpoint at the end of the step, exit 75 -> `scontrol requeue` -> the same job runs again."""
-    _, conf = slurm
-    # Step 3 takes 15 s on the first attempt so that the signal lands mid-run.
-    env = job_env(conf, TORCHTITAN_TEST_STALL_AT_STEP="3", TORCHTITAN_TEST_STALL_SECONDS="15")
-    out = tmp_path / "slurm.out"
-    args = TINY + STEPS + [f"--job.dump_folder={tmp_path / 'run'}", "--checkpoint.enable=true"]
-    job = sbatch(env, out, args)
+    d, ids = jobs
+    job, env = ids["preempted"]
+    out = d / "preempted.out"
     wait_for(lambda: out.exists() and "stalls in step 3" in out.read_text(), 300, "step 3")
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True, timeout=30)
 

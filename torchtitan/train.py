@@ -160,7 +160,8 @@ def train(cfg: JobConfig) -> None:
         except RuntimeError as e:
             if is_comm_failure(e):  # a peer died or hung: one line naming this rank and the last good step
                 die(
-                    f"rank {rank}: collective failed in step {step} (last completed step {step - 1}): {first_line(e)}"
+                    f"rank {rank}: collective failed in step {step} (last completed step {step - 1}): {first_line(e)}",
+                    exc=e,
                 )
             raise
         watchdog.beat(step)
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.job.dry_run:  # the launch checks only: no process group, no device, no training
             from torchtitan.preflight import run_checks
 
-            return run_checks(cfg, launch_world()[0])
+            world, nodes = launch_world()
+            return run_checks(cfg, world, nodes if "WORLD_SIZE" in os.environ else None)
         train(cfg)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -21,13 +21,13 @@ from torchtitan.log import logger
 HANG_EXIT_CODE = 3  # watchdog fired, or a rendezvous / collective timed out (documented in docs/launching.md)
 
 
-def die(message: str, code: int = HANG_EXIT_CODE) -> None:
-    """Log one line, flush every handler and leave at once.
+def die(message: str, code: int = HANG_EXIT_CODE, exc: BaseException | None = None) -> None:
+    """Log one line (with `exc`'s traceback in the log, for the record), flush every handler and leave at once.
 
     os._exit, not sys.exit: after a timeout the process group is unusable and destroying it (or other threads'
     atexit work) can block forever, which is exactly what we are escaping.
     """
-    logger.error(message)
+    logger.error(message, exc_info=exc)
     print(f"error: {message}", file=sys.stderr, flush=True)
     for h in logger.handlers:
         h.flush()

@@ -61,7 +61,7 @@ def _wait_for_all_ranks(store, rank: int, world_size: int, timeout_s: float) -> 
                 f"rank {rank}: rank(s) {_ranges(missing)} of {world_size} did not join within {timeout_s:.0f} s"
                 f" (comm.init_timeout_seconds); check those ranks' logs and nodes"
             )
-        time.sleep(0.5)
+        time.sleep(min(5.0, 0.5 + world_size / 1000))  # thousands of ranks polling one store: poll slower
 
 
 def _ranges(ranks: list[int]) -> str:
