@@ -9,7 +9,7 @@ from conftest import ROOT, train_env
 
 
 def dump(tmp_path, nproc, *args):
-    out = tmp_path / f"init_{nproc}_{len(args)}.pt"
+    out = tmp_path / f"init_{nproc}_{len(args)}_{abs(hash(args))}.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     r = subprocess.run(
         [*cmd, "tests/dist/dump_init.py", str(out), *args],
@@ -31,3 +31,17 @@ def test_fsdp2_init_equals_single_process(tmp_path):
         assert torch.equal(one[k], two[k]), k
     other_seed = dump(tmp_path, 1, "--training.seed=1")
     assert not torch.equal(one["layers.0.attention.wq.weight"], other_seed["layers.0.attention.wq.weight"])
+
+
+def test_tp_layouts_init_equals_single_process(tmp_path):
+    """FSDP 2 x TP 2 (weights are 2-D DTensors, FSDP's dim-0 shard strided over TP's) and TP 2 without
+    sequence parallel (norm gains then stay plain tensors under TP) hold the same full weights as 1 process."""
+    one = dump(tmp_path, 1)
+    for nproc, args in [
+        (4, ["--parallelism.tensor_parallel_degree=2"]),
+        (2, ["--parallelism.tensor_parallel_degree=2", "--parallelism.enable_sequence_parallel=false"]),
+    ]:
+        tp = dump(tmp_path, nproc, *args)
+        assert one.keys() == tp.keys()
+        for k in one:
+            assert torch.equal(one[k], tp[k]), (args, k)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
@@ -62,18 +63,51 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg) -> torch.optim.lr_
     )
 
 
-@torch.no_grad()
-def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
-    """Clip to a global L2 norm and return the norm before clipping, as a plain (replicated) tensor.
+def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of squares of the full (global) gradients in `grads`, which share one mesh and one placement.
 
-    With FSDP the gradients are DTensors sharded over the data-parallel mesh; their norm is a DTensor whose
-    `full_tensor()` reduces the partial sums across the shards, so every rank sees the same global norm.
+    Computed from the local shards, then summed over every mesh dimension the gradients are sharded on
+    (replicated dimensions already hold the whole value, so they are not summed).
     """
-    parameters = [p for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm([p.grad for p in parameters], foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    # fp64 accumulation: an fp32 sum of squares over a large tensor drifts by ~1e-5 relative on CPU, which would
+    # make grad norms of different layouts (different shard sizes) disagree by more than reduction order should
+    sq = torch.stack([torch.linalg.vector_norm(t, dtype=torch.float64) for t in local]).square().sum()
+    if isinstance(grads[0], DTensor):
+        mesh, placements = grads[0].device_mesh, grads[0].placements
+        for dim, placement in enumerate(placements):
+            if placement.is_partial():
+                raise RuntimeError(f"clip_grad_norm_: unreduced (Partial) gradient on mesh {mesh}")
+            # any shard kind (FSDP over TP uses _StridedShard, for which is_shard() is False)
+            if not placement.is_replicate() and mesh.size(dim) > 1:
+                dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=mesh.get_group(dim))
+    return sq
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters, max_norm: float, pp_mesh=None) -> torch.Tensor:
+    """Clip to the global L2 norm over every rank's gradients and return that norm (before clipping).
+
+    Gradients are DTensors, and not all on one mesh or with one placement: with FSDP x TP the TP-sharded weights
+    live on the 2-D (fsdp, tp) mesh, sharded on one or both dimensions, while norm gains without sequence
+    parallel live on the 1-D fsdp mesh. The squared norm is computed per (mesh, placements) group and the groups
+    are summed. Pipeline stages hold disjoint parameters, so with `pp_mesh` the stages' squared norms are summed
+    by an all-reduce over it. Every rank ends up with the same norm and the same clip coefficient.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    groups: dict[tuple, list[torch.nn.Parameter]] = {}
+    for p in params:
+        key = (p.grad.device_mesh, p.grad.placements) if isinstance(p.grad, DTensor) else (None, None)
+        groups.setdefault(key, []).append(p)
+    device = params[0].grad.device if params else torch.device("cpu")
+    total_sq = torch.zeros((), dtype=torch.float64, device=device)
+    for group in groups.values():
+        total_sq += _squared_norm([p.grad for p in group]).to(device)
+    if pp_mesh is not None and pp_mesh.size() > 1:
+        dist.all_reduce(total_sq, op=dist.ReduceOp.SUM, group=pp_mesh.get_group())
+    total = total_sq.sqrt().float()
     if max_norm > 0:
-        # takes the parameters (it scales each p.grad), not the gradients themselves
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=True)
+        # one call per mesh (foreach kernels cannot mix meshes); it takes the parameters and scales each p.grad
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total

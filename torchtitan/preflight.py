@@ -53,9 +53,13 @@ def _positive(name: str, value: str) -> int:
 
 
 def check_mesh(cfg, world_size: int) -> str:
+    from torchtitan.models import model_args_from_config
     from torchtitan.parallel.dims import ParallelDims
 
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    dims.validate(
+        model_args_from_config(cfg.model, cfg.training.seq_len), cfg
+    )  # heads, vocab, seq_len, batch
     return dims.describe()
 
 

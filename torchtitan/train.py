@@ -6,6 +6,7 @@ torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -13,6 +14,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
@@ -34,21 +37,37 @@ from torchtitan.profiling import Profiler
 from torchtitan.watchdog import Watchdog, die, first_line, hook_stall, is_comm_failure
 
 
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy, computed in fp32 whatever the compute dtype (bf16 log-softmax loses digits)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, global_tokens: int) -> torch.Tensor:
+    """Sum of this micro-batch's token cross-entropies divided by the tokens of the WHOLE optimizer step.
+
+    The step's loss is the mean over global_tokens = global batch x seq_len tokens (every dp rank, every
+    micro-step). Dividing each micro-batch's sum by that one constant, and summing gradients over micro-steps and
+    dp ranks (FSDP is set to sum, see parallel/fsdp.py), gives exactly the gradient of that mean: the same update
+    as one large batch. Computed in fp32 whatever the compute dtype (bf16 log-softmax loses digits).
+    """
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum") / global_tokens
 
 
 def forward_backward(
-    model_parts: list[torch.nn.Module], inputs: torch.Tensor, labels: torch.Tensor
+    model_parts: list[torch.nn.Module],
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    global_tokens: int,
+    loss_context=contextlib.nullcontext,
 ) -> torch.Tensor:
-    """One forward and backward pass over a batch; returns the (detached) loss."""
+    """One forward and backward pass over a micro-batch; returns its (detached, plain) share of the step loss.
+
+    `loss_context` is loss_parallel() under tensor parallelism: the logits arrive sharded on the vocabulary and
+    the cross-entropy and its backward must run inside it.
+    """
     (model,) = model_parts
     logits = model(inputs)
-    loss = cross_entropy_loss(logits, labels)
-    del logits  # the largest activation; free it before backward allocates gradients
-    loss.backward()
-    return loss.detach()
+    with loss_context():
+        loss = cross_entropy_loss(logits, labels, global_tokens)
+        del logits  # the largest activation; free it before backward allocates gradients
+        loss.backward()
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def train(cfg: JobConfig) -> None:
@@ -59,6 +78,8 @@ def train(cfg: JobConfig) -> None:
     dump = cfg.job.dump_folder
     init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
     device = pick_device()
+    model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
@@ -74,7 +95,6 @@ def train(cfg: JobConfig) -> None:
             logger.info("effective config (also saved to %s/config.toml):\n%s", dump, to_toml(cfg))
 
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
-    model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
 
     # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
@@ -82,8 +102,10 @@ def train(cfg: JobConfig) -> None:
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
     model_parts = [parallelize(model, dims, cfg)]
+    # With CPU offload FSDP keeps the sharded parameters in CPU memory and copies them to the GPU per block.
+    init_device = "cpu" if cfg.parallelism.fsdp_cpu_offload else device
     for part in model_parts:
-        part.to_empty(device=device)
+        part.to_empty(device=init_device)
         part.init_weights(cfg.training.seed, fill=fill_shard)
         part.train()
 
@@ -102,6 +124,13 @@ def train(cfg: JobConfig) -> None:
         num_shards=cfg.data.num_shards,
     )
 
+    accum_steps = dims.grad_accumulation_steps(t)
+    local_tokens = t.local_batch_size * t.seq_len * accum_steps  # per dp rank and optimizer step
+    global_tokens = local_tokens * dims.dp
+    loss_context = (
+        loss_parallel if dims.tp_enabled and cfg.parallelism.enable_loss_parallel else contextlib.nullcontext
+    )
+
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
     compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
     peak = resolve_peak(device, compute_dtype, cfg.metrics.peak_tflops)
@@ -112,15 +141,15 @@ def train(cfg: JobConfig) -> None:
         rank=rank,
         flops_per_token=flops_per_token,
         peak=peak,
-        tokens_per_step_per_dp_rank=t.local_batch_size * t.seq_len,
+        tokens_per_step_per_dp_rank=local_tokens,
         dump_folder=dump,
     )
     header = [
         f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
         f" ({model_args.num_flop_params():,} in matmuls), {world_size} x {device.type}",
         f"parallelism: {dims.describe()}",
-        f"batch: {t.local_batch_size} x {t.seq_len} tokens per dp rank, {dims.dp} dp ranks,"
-        f" {t.local_batch_size * t.seq_len * dims.dp:,} tokens per step, {t.steps} steps",
+        f"batch: {t.local_batch_size} x {t.seq_len} tokens per dp rank and micro-step, {dims.dp} dp ranks,"
+        f" {accum_steps} micro-steps, {global_tokens:,} tokens per step, {t.steps} steps",
         f"flops/token: {flops_per_token:,.0f} ("
         + ("causal attention halved" if cfg.metrics.causal_flops else "full attention, 6N + 12*L*H*D*S")
         + ")",
@@ -143,15 +172,18 @@ def train(cfg: JobConfig) -> None:
     for step in range(1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
-        data_start = time.perf_counter()
-        inputs, labels = next(data_iter)
-        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        data_time = time.perf_counter() - data_start
         hook_stall(step, rank)
-
         try:
             optimizer.zero_grad(set_to_none=True)
-            loss = forward_backward(model_parts, inputs, labels)
+            loss, data_time = torch.zeros((), device=device), 0.0
+            for _ in range(accum_steps):  # gradients add up over micro-steps
+                data_start = time.perf_counter()
+                inputs, labels = next(data_iter)
+                inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                data_time += time.perf_counter() - data_start
+                loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context)
+            # `loss` is this rank's share of the global mean; report the rank's own mean token loss
+            loss = loss * (global_tokens / local_tokens)
             grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
             optimizer.step()
             lr = scheduler.get_last_lr()[0]

@@ -48,7 +48,12 @@ class Model:
 
 @dataclass
 class Training:
-    local_batch_size: int = opt(8, "sequences per data-parallel rank per step")
+    local_batch_size: int = opt(8, "sequences per data-parallel rank per micro-step (forward/backward)")
+    global_batch_size: int = opt(
+        -1,
+        "sequences per optimizer step over all dp ranks; more than local_batch_size x dp accumulates"
+        " gradients over micro-steps; -1 = local_batch_size x dp (no accumulation)",
+    )
     seq_len: int = opt(2048, "tokens per sequence")
     steps: int = opt(1000, "number of optimizer steps to train")
     seed: int = opt(0, "seed for weight init and RNG; the same seed gives the same weights in any layout")
@@ -72,6 +77,16 @@ class Parallelism:
     context_parallel_degree: int = opt(1, "context parallel degree")
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
         "default", "free gathered parameters after forward: default = always except the root module"
+    )
+    fsdp_cpu_offload: bool = opt(
+        False,
+        "keep parameters, gradients and optimizer state in CPU memory (FSDP2 CPUOffloadPolicy; CUDA only)",
+    )
+    enable_sequence_parallel: bool = opt(
+        True, "with tensor parallel: shard norms and the residual stream on the sequence dimension"
+    )
+    enable_loss_parallel: bool = opt(
+        True, "with tensor parallel: keep logits sharded on the vocabulary into the cross-entropy"
     )
 
 

@@ -255,6 +255,12 @@ def validate(cfg: JobConfig) -> None:
     need(t.steps >= 1, "training.steps", t.steps, "must be >= 1")
     need(t.local_batch_size >= 1, "training.local_batch_size", t.local_batch_size, "must be >= 1")
     need(t.seq_len >= 2, "training.seq_len", t.seq_len, "must be >= 2")
+    need(
+        t.global_batch_size == -1 or t.global_batch_size >= 1,
+        "training.global_batch_size",
+        t.global_batch_size,
+        "must be >= 1, or -1 for local_batch_size x dp",
+    )
     need(t.gc_freq >= 0, "training.gc_freq", t.gc_freq, "must be >= 0 (0 leaves automatic GC on)")
     need(o.lr >= 0, "optimizer.lr", o.lr, "must be >= 0")
     need(0 <= o.beta1 < 1, "optimizer.beta1", o.beta1, "must be in [0, 1)")

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from .dims import ParallelDims
 from .distributed import init_distributed, pick_device, set_collective_timeout
 from .fsdp import apply_fsdp
+from .tensor import apply_tp
 
 __all__ = [
     "ParallelDims",
@@ -24,17 +25,27 @@ __all__ = [
 
 
 def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Module:
-    """Apply parallelism to a model built on the meta device. Order: FSDP2 (always, over the dp mesh).
+    """Apply parallelism to a model built on the meta device, in this fixed order (docs/parallelism.md):
+
+        1. tensor parallel (+ sequence/loss parallel)  on mesh "tp"   - must see plain nn.Linear modules
+        2. float8 conversion of linear layers                          - torchao
+        3. activation checkpointing                                    - wraps blocks
+        4. torch.compile per block                                     - compiles the wrapped block
+        5. FSDP2 / HSDP                                  on mesh "fsdp" - last: shards whatever parameters exist
 
     FSDP is applied even on a 1-rank mesh so that mixed precision behaves the same at every scale.
     """
-    t = cfg.training
+    p, t = cfg.parallelism, cfg.training
+    if dims.tp_enabled:
+        apply_tp(model, dims.mesh("tp"), p.enable_sequence_parallel, p.enable_loss_parallel)
+    # (2) float8, (3) activation checkpointing, (4) compile: inserted here, in this order.
     apply_fsdp(
         model,
         dims.mesh("fsdp"),
         param_dtype=t.mixed_precision_param,
         reduce_dtype=t.mixed_precision_reduce,
-        reshard_after_forward=cfg.parallelism.fsdp_reshard_after_forward,
+        reshard_after_forward=p.fsdp_reshard_after_forward,
+        cpu_offload=p.fsdp_cpu_offload,
     )
     return model
 

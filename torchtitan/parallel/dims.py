@@ -91,6 +91,84 @@ class ParallelDims:
     def cp_enabled(self) -> bool:
         return self.cp > 1
 
+    def global_batch_size(self, training) -> int:
+        """Sequences per optimizer step over all dp ranks (training.global_batch_size, -1 = no accumulation)."""
+        gbs = training.global_batch_size
+        return training.local_batch_size * self.dp if gbs == -1 else gbs
+
+    def grad_accumulation_steps(self, training) -> int:
+        """Micro-steps (forward/backward passes) per optimizer step on every rank."""
+        return self.global_batch_size(training) // (training.local_batch_size * self.dp)
+
+    def validate(self, model_args, cfg, device_type: str | None = None) -> None:
+        """Every constraint between the degrees, the model and the batch, checked before anything is allocated.
+
+        Raises UserError naming the numbers that disagree and a fix. `device_type` ("cpu"/"cuda"), when known,
+        adds the checks for features that need a GPU.
+        """
+        t, p = cfg.training, cfg.parallelism
+        if self.tp > 1:
+            tp = f"tensor_parallel_degree {self.tp}"
+            for name in ("n_heads", "n_kv_heads"):
+                n = getattr(model_args, name)
+                if n % self.tp:
+                    raise UserError(
+                        f"parallelism: model {name}={n} is not divisible by {tp} (each rank holds whole heads);"
+                        f" use a tensor_parallel_degree that divides {n}"
+                    )
+            if model_args.ffn_hidden_dim % self.tp:
+                raise UserError(
+                    f"parallelism: model ffn_hidden_dim={model_args.ffn_hidden_dim} is not divisible by {tp};"
+                    f" use a tensor_parallel_degree that divides it"
+                )
+            if model_args.vocab_size % self.tp:
+                raise UserError(
+                    f"parallelism: vocab_size={model_args.vocab_size} is not divisible by {tp} (the embedding and,"
+                    f" with loss parallel, the logits are sharded over the vocabulary); pad the vocabulary"
+                    f" (model.vocab_size) to a multiple of {self.tp} or change the degree"
+                )
+            if model_args.tie_embeddings:
+                raise UserError(
+                    f"parallelism: {tp} with tied embeddings (flavor {cfg.model.flavor}) is not supported;"
+                    f" set tensor_parallel_degree=1"
+                )
+            if p.enable_sequence_parallel and t.seq_len % self.tp:
+                raise UserError(
+                    f"parallelism: training.seq_len={t.seq_len} is not divisible by {tp} (sequence parallel shards"
+                    f" the sequence); use a seq_len that is a multiple of {self.tp} or enable_sequence_parallel=false"
+                )
+        if self.cp > 1:
+            if t.seq_len % (2 * self.cp):
+                raise UserError(
+                    f"parallelism: training.seq_len={t.seq_len} is not divisible by 2 x context_parallel_degree"
+                    f" = {2 * self.cp} (each rank takes two chunks for causal load balance); use a multiple of"
+                    f" {2 * self.cp}"
+                )
+            if device_type == "cpu":
+                raise UserError(
+                    f"parallelism: context_parallel_degree={self.cp}: context parallel needs CUDA (torch has no"
+                    f" sharded CPU attention kernel); set context_parallel_degree=1 on CPU"
+                )
+            if device_type is not None:
+                raise UserError(
+                    f"parallelism: context_parallel_degree={self.cp}: the context-parallel training path is not"
+                    f" implemented yet (the mesh and checks are); set context_parallel_degree=1"
+                )
+        micro = t.local_batch_size * self.dp
+        gbs = t.global_batch_size
+        if gbs != -1 and (gbs < micro or gbs % micro):
+            lower = max(micro, gbs - gbs % micro)
+            raise UserError(
+                f"training.global_batch_size={gbs} is not a multiple of local_batch_size {t.local_batch_size} x dp"
+                f" {self.dp} = {micro} (sequences per micro-step); use {lower} or {lower + micro}"
+                f" (or -1 for no accumulation)"
+            )
+        if p.fsdp_cpu_offload and device_type == "cpu":
+            raise UserError(
+                "parallelism.fsdp_cpu_offload=true needs CUDA (on CPU everything already lives in CPU memory);"
+                " set it to false"
+            )
+
     def build_mesh(self, device_type: str):
         from torch.distributed.device_mesh import init_device_mesh
 

@@ -114,6 +114,10 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        # The table covers max_seq_len positions; take this sequence's. (Sliced here, not in Transformer.forward,
+        # because under sequence parallelism the stream between blocks holds only seqlen/tp positions while
+        # attention sees them all.)
+        freqs_cis = freqs_cis[:seqlen]
         q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
         k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
         out = F.scaled_dot_product_attention(
@@ -199,12 +203,12 @@ class Transformer(nn.Module):
         without norm returns hidden states.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        seqlen = h.shape[1]
-        if seqlen > self.freqs_cis.shape[0]:
-            raise ValueError(f"sequence length {seqlen} exceeds model max_seq_len={self.freqs_cis.shape[0]}")
-        freqs_cis = self.freqs_cis[:seqlen]
+        if h.shape[1] > self.freqs_cis.shape[0]:
+            raise ValueError(
+                f"sequence length {h.shape[1]} exceeds model max_seq_len={self.freqs_cis.shape[0]}"
+            )
         for layer in self.layers.values():
-            h = layer(h, freqs_cis)
+            h = layer(h, self.freqs_cis)
         if self.norm is None:
             return h
         h = self.norm(h)
