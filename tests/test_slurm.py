@@ -151,7 +151,8 @@ def test_preempted_job_checkpoints_requeues_and_resumes(jobs):
     if importlib.util.find_spec("torchtitan.checkpoint") is not None:
         # With checkpointing (the checkpoint issue's contract) the stalled step 3 finished and was saved before
         # the trainers exited with 75, and the requeued run resumed after it instead of starting over.
-        assert "exitcode  : 75" in first or "exitcode: 75" in first, first[-4000:]
+        # (torchrun reports any failed worker as its own exit code 1, so the 75 is read from the trainers' logs)
+        assert re.search(r"\[rank\d\] \S+ WARNING .*\b75\b", first), first[-4000:]
         assert first_step_of_second == 4, second[:4000]
     else:
         # Without a checkpoint module the requeued job can only start over; everything else above holds.

@@ -48,7 +48,7 @@ def check_node_count(expected_nodes: int | None) -> None:
 
 def _wait_for_all_ranks(store, rank: int, world_size: int, timeout_s: float) -> None:
     """Every rank checks in at the store; on timeout name the ranks that never did (the hung or dead ones)."""
-    prefix = f"torchtitan/join/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    prefix = "torchtitan/join"  # the store is already per restart attempt
     store.set(f"{prefix}/{rank}", socket.gethostname())
     store.add(f"{prefix}/count", 1)
     deadline = time.monotonic() + timeout_s
@@ -98,6 +98,9 @@ def init_distributed(device: torch.device, init_timeout_seconds: int) -> tuple[i
     hook_never_join(int(os.environ["RANK"]))
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
     store.set_timeout(timeout)
+    # torchrun --max-restarts keeps one store across attempts: prefix the keys with the attempt, or a restarted
+    # group reads the dead attempt's addresses (found by the checkpoint work).
+    store = dist.PrefixStore(f"/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
     _wait_for_all_ranks(store, rank, world_size, init_timeout_seconds)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(
