@@ -32,6 +32,7 @@ if ! (munge -n | unmunge) >/dev/null 2>&1; then
     [ -f /etc/munge/munge.key ] || { mungekey --create 2>/dev/null || /usr/sbin/create-munge-key -f; chown munge:munge /etc/munge/munge.key; }
     runuser -u munge -- munged || { echo "start_slurm: munged did not start" >&2; exit 1; }
     sleep 1
+    cp /run/munge/munged.pid "$D/munged.pid" 2>/dev/null # ours to stop; a munged that was already up is not
 fi
 
 mkdir -p "$D/state" "$D/spool/node1" "$D/spool/node2"
