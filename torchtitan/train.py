@@ -196,10 +196,12 @@ def train(cfg: JobConfig) -> None:
                     exc=e,
                 )
             raise
-        watchdog.beat(step)
         if record is not None:
             logger.info(metrics.last_line)
         profiler.step()
+        watchdog.beat(
+            step
+        )  # last in the step: anything slow at its end (a checkpoint save) counts as this step
 
     # ---- finish ------------------------------------------------------------------------------------------------
     watchdog.stop()
