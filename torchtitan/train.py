@@ -199,9 +199,8 @@ def train(cfg: JobConfig) -> None:
         if record is not None:
             logger.info(metrics.last_line)
         profiler.step()
-        watchdog.beat(
-            step
-        )  # last in the step: anything slow at its end (a checkpoint save) counts as this step
+        # Last in the step: anything slow at its end (a checkpoint save) counts as part of this step.
+        watchdog.beat(step)
 
     # ---- finish ------------------------------------------------------------------------------------------------
     watchdog.stop()
