@@ -7,6 +7,7 @@ torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import sys
@@ -30,11 +31,14 @@ from torchtitan.parallel import (
     init_distributed,
     parallelize,
     pick_device,
+    pipeline_forward_backward,
+    pipeline_parallelize,
+    plan_pipeline,
     set_collective_timeout,
 )
 from torchtitan.parallel.distributed import check_node_count, launch_world
 from torchtitan.profiling import Profiler
-from torchtitan.watchdog import Watchdog, die, first_line, hook_stall, is_comm_failure
+from torchtitan.watchdog import Watchdog, comm_failure_message, die, hook_stall, is_comm_failure
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, global_tokens: int) -> torch.Tensor:
@@ -54,12 +58,19 @@ def forward_backward(
     labels: torch.Tensor,
     global_tokens: int,
     loss_context=contextlib.nullcontext,
+    pp=None,
 ) -> torch.Tensor:
     """One forward and backward pass over a micro-batch; returns its (detached, plain) share of the step loss.
 
     `loss_context` is loss_parallel() under tensor parallelism: the logits arrive sharded on the vocabulary and
     the cross-entropy and its backward must run inside it.
+    `pp` is (schedule, has_first_stage, has_last_stage) under pipeline parallelism: the schedule cuts the batch
+    into pipeline micro-batches and runs them through this rank's stages (its loss_fn is cross_entropy_loss with
+    the same global_tokens); ranks without the last stage return a zero loss.
     """
+    if pp is not None:
+        schedule, has_first, has_last = pp
+        return pipeline_forward_backward(schedule, inputs, labels, has_first, has_last, loss_context)
     (model,) = model_parts
     logits = model(inputs)
     with loss_context():
@@ -80,6 +91,10 @@ def train(cfg: JobConfig) -> None:
     device = pick_device()
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
+    if dims.pp_enabled:  # and every pipeline constraint (stages, schedule, micro-batches)
+        pp_plan = plan_pipeline(
+            cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
+        )
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
@@ -101,7 +116,23 @@ def train(cfg: JobConfig) -> None:
     # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
-    model_parts = [parallelize(model, dims, cfg)]
+    pp = None
+    if dims.pp_enabled:
+        # the schedule computes each pipeline micro-batch's loss itself: the same normalization as below
+        tr = cfg.training
+        step_tokens = dims.grad_accumulation_steps(tr) * tr.local_batch_size * tr.seq_len * dims.dp
+        schedule, model_parts, has_first, has_last = pipeline_parallelize(
+            model,
+            pp_plan,
+            dims,
+            cfg,
+            device,
+            functools.partial(cross_entropy_loss, global_tokens=step_tokens),
+        )
+        pp = (schedule, has_first, has_last)
+        del model  # the stages are deep copies; the full meta model is no longer needed
+    else:
+        model_parts = [parallelize(model, dims, cfg)]
     # With CPU offload FSDP keeps the sharded parameters in CPU memory and copies them to the GPU per block.
     init_device = "cpu" if cfg.parallelism.fsdp_cpu_offload else device
     for part in model_parts:
@@ -173,30 +204,26 @@ def train(cfg: JobConfig) -> None:
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
         hook_stall(step, rank)
-        try:
-            optimizer.zero_grad(set_to_none=True)
-            loss, data_time = torch.zeros((), device=device), 0.0
-            for _ in range(accum_steps):  # gradients add up over micro-steps
-                data_start = time.perf_counter()
-                inputs, labels = next(data_iter)
-                inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-                data_time += time.perf_counter() - data_start
-                loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context)
-            # `loss` is this rank's share of the global mean; report the rank's own mean token loss
-            loss = loss * (global_tokens / local_tokens)
-            grad_norm = clip_grad_norm_([p for part in model_parts for p in part.parameters()], t.max_norm)
-            optimizer.step()
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            record = metrics.record_step(step, loss, grad_norm, lr, data_time)
-        except RuntimeError as e:
-            if is_comm_failure(e):  # a peer died or hung: one line naming this rank and the last good step
-                die(
-                    f"rank {rank}: collective failed in step {step} (last completed step {step - 1}): {first_line(e)}",
-                    exc=e,
-                )
-            raise
-        if record is not None:
+        optimizer.zero_grad(set_to_none=True)
+        loss, data_time = torch.zeros((), device=device), 0.0
+        for _ in range(accum_steps):  # gradients add up over micro-steps
+            data_start = time.perf_counter()
+            inputs, labels = next(data_iter)
+            inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            data_time += time.perf_counter() - data_start
+            loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp)
+        # `loss` is this rank's share of the global mean; report the rank's own mean token loss
+        loss = loss * (global_tokens / local_tokens)
+        grad_norm = clip_grad_norm_(
+            [p for part in model_parts for p in part.parameters()],
+            t.max_norm,
+            pp_mesh=dims.mesh("pp") if dims.pp_enabled else None,
+        )
+        optimizer.step()
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+
+        if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
             logger.info(metrics.last_line)
         profiler.step()
         # Last in the step: anything slow at its end (a checkpoint save) counts as part of this step.
@@ -228,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except RuntimeError as e:
+        if is_comm_failure(e):  # a peer died or hung: one line naming this rank and the step, exit 3
+            die(comm_failure_message(e), exc=e)
+        raise
     finally:
         import torch.distributed as dist
 

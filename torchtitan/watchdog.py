@@ -45,6 +45,21 @@ def is_comm_failure(e: BaseException) -> bool:
     )
 
 
+# The last step any Watchdog saw complete on this rank (None before training starts), for failure messages.
+_last_step: int | None = None
+
+
+def comm_failure_message(e: BaseException) -> str:
+    """One line for a failed collective: this rank, the step it was in, the last completed step, the error."""
+    rank = os.environ.get("RANK", "0")
+    where = (
+        "during initialization"
+        if _last_step is None
+        else f"in step {_last_step + 1} (last completed step {_last_step})"
+    )
+    return f"rank {rank}: collective failed {where}: {first_line(e)}"
+
+
 def first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
@@ -105,11 +120,15 @@ class Watchdog:
         self._deadline = time.monotonic() + timeout_s + first_step_grace_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        global _last_step
+        _last_step = 0  # training starts: failures from here on are "in step N"
         self._thread = threading.Thread(target=self._run, name="torchtitan-watchdog", daemon=True)
         if timeout_s > 0:
             self._thread.start()
 
     def beat(self, step: int) -> None:
+        global _last_step
+        _last_step = step
         with self._lock:
             self.last_step = step
             self._deadline = time.monotonic() + self.timeout_s

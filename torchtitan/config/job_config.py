@@ -75,6 +75,18 @@ class Parallelism:
     tensor_parallel_degree: int = opt(1, "tensor parallel degree")
     pipeline_parallel_degree: int = opt(1, "pipeline parallel degree")
     context_parallel_degree: int = opt(1, "context parallel degree")
+    pipeline_parallel_schedule: Literal[
+        "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"
+    ] = opt("1F1B", "pipeline schedule; the interleaved ones need pipeline_parallel_stages_per_rank >= 2")
+    pipeline_parallel_stages_per_rank: int = opt(
+        1, "pipeline stages on each pp rank (1 for GPipe/1F1B, >= 2 interleaved, exactly 2 for ZBVZeroBubble)"
+    )
+    pipeline_parallel_split_points: list[str] = opt(
+        [], "layers that start a new stage, e.g. ['layers.2', 'layers.4']; empty = split layers evenly"
+    )
+    pipeline_parallel_microbatch_size: int = opt(
+        1, "sequences per pipeline micro-batch; micro-batches = local_batch_size / this"
+    )
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
         "default", "free gathered parameters after forward: default = always except the root module"
     )

@@ -126,7 +126,12 @@ class MetricsProcessor:
         # even when tp/pp/cp peers share its batch), one all-gather of every rank's step time (stragglers).
         dp_mesh = self.dims.mesh("dp")
         local_rate = self.tokens_per_step * steps / elapsed
-        loss_value = loss.detach().float().item()
+        loss_value = loss.detach().float()
+        if self.dims.pp_enabled:
+            # Only the last pipeline stage computes the loss; the other stages pass 0, so a sum over the pp mesh
+            # gives every rank (rank 0 included, which logs) the value of its pipeline's last stage.
+            dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=self.dims.mesh("pp").get_group())
+        loss_value = loss_value.item()
         sums = torch.tensor([loss_value, local_rate], dtype=torch.float64)
         maxes = torch.tensor([loss_value], dtype=torch.float64)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=dp_mesh.get_group())

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from .dims import ParallelDims
 from .distributed import init_distributed, pick_device, set_collective_timeout
 from .fsdp import apply_fsdp
+from .pipeline import build_pipeline, pipeline_forward_backward, plan_pipeline
 from .tensor import apply_tp
 
 __all__ = [
@@ -21,6 +22,9 @@ __all__ = [
     "set_collective_timeout",
     "parallelize",
     "fill_shard",
+    "pipeline_parallelize",
+    "pipeline_forward_backward",
+    "plan_pipeline",
 ]
 
 
@@ -39,15 +43,30 @@ def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Mod
     if dims.tp_enabled:
         apply_tp(model, dims.mesh("tp"), p.enable_sequence_parallel, p.enable_loss_parallel)
     # (2) float8, (3) activation checkpointing, (4) compile: inserted here, in this order.
+    reshard = p.fsdp_reshard_after_forward
+    if dims.pp_enabled and reshard == "default":
+        # Each micro-batch would all-gather the stage's blocks again; and zero-bubble schedules lose weight
+        # gradients of blocks resharded after forward (see pipeline.py). Keep them gathered until backward.
+        reshard = "never"
     apply_fsdp(
         model,
         dims.mesh("fsdp"),
         param_dtype=t.mixed_precision_param,
         reduce_dtype=t.mixed_precision_reduce,
-        reshard_after_forward=p.fsdp_reshard_after_forward,
+        reshard_after_forward=reshard,
         cpu_offload=p.fsdp_cpu_offload,
     )
     return model
+
+
+def pipeline_parallelize(model: torch.nn.Module, plan, dims: ParallelDims, cfg, device, loss_fn):
+    """Split the meta-device model into this rank's pipeline stages, `parallelize` each one, build the schedule.
+
+    Returns (schedule, model_parts, has_first_stage, has_last_stage); see pipeline.py.
+    """
+    return build_pipeline(
+        model, plan, dims.mesh("pp"), device, lambda stage: parallelize(stage, dims, cfg), loss_fn
+    )
 
 
 @torch.no_grad()
