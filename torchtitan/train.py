@@ -36,8 +36,10 @@ from torchtitan.parallel import (
     plan_pipeline,
     set_collective_timeout,
 )
+from torchtitan.parallel.compile import maybe_compile_loss
 from torchtitan.parallel.distributed import check_node_count, launch_world
 from torchtitan.profiling import Profiler
+from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
 from torchtitan.watchdog import Watchdog, comm_failure_message, die, hook_stall, is_comm_failure
 
 
@@ -59,6 +61,7 @@ def forward_backward(
     global_tokens: int,
     loss_context=contextlib.nullcontext,
     pp=None,
+    loss_fn=cross_entropy_loss,
 ) -> torch.Tensor:
     """One forward and backward pass over a micro-batch; returns its (detached, plain) share of the step loss.
 
@@ -74,7 +77,7 @@ def forward_backward(
     (model,) = model_parts
     logits = model(inputs)
     with loss_context():
-        loss = cross_entropy_loss(logits, labels, global_tokens)
+        loss = loss_fn(logits, labels, global_tokens)
         del logits  # the largest activation; free it before backward allocates gradients
         loss.backward()
     loss = loss.detach()
@@ -116,6 +119,9 @@ def train(cfg: JobConfig) -> None:
     # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
+    # FLOPs/token done in float8 linears, counted on the whole model before any of it is converted or split
+    fp8_flops_per_token = float8_flops_per_token(model, cfg.float8.min_dim) if cfg.float8.enable else 0
+    loss_fn = maybe_compile_loss(cross_entropy_loss, cfg)
     pp = None
     if dims.pp_enabled:
         # the schedule computes each pipeline micro-batch's loss itself: the same normalization as below
@@ -127,7 +133,7 @@ def train(cfg: JobConfig) -> None:
             dims,
             cfg,
             device,
-            functools.partial(cross_entropy_loss, global_tokens=step_tokens),
+            functools.partial(loss_fn, global_tokens=step_tokens),
         )
         pp = (schedule, has_first, has_last)
         del model  # the stages are deep copies; the full meta model is no longer needed
@@ -141,6 +147,7 @@ def train(cfg: JobConfig) -> None:
         part.train()
 
     optimizer = build_optimizer(model_parts, cfg)
+    precompute_float8_scales = build_scale_precompute(cfg)
     scheduler = build_lr_scheduler(optimizer, cfg)
     t = cfg.training
     dataloader = build_dataloader(
@@ -171,6 +178,7 @@ def train(cfg: JobConfig) -> None:
         device=device,
         rank=rank,
         flops_per_token=flops_per_token,
+        float8_flops_per_token=fp8_flops_per_token,
         peak=peak,
         tokens_per_step_per_dp_rank=local_tokens,
         dump_folder=dump,
@@ -186,6 +194,8 @@ def train(cfg: JobConfig) -> None:
         + ")",
         f"MFU peak: {metrics.peak.bf16_tflops:.2f} TFLOPS per device from {metrics.peak.source}",
     ]
+    if fp8_flops_per_token:
+        header.append(metrics.float8_header())
     for line in header:
         logger.info(line)
     metrics.write_text("run/header", "\n\n".join(header))
@@ -211,7 +221,7 @@ def train(cfg: JobConfig) -> None:
             inputs, labels = next(data_iter)
             inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             data_time += time.perf_counter() - data_start
-            loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp)
+            loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp, loss_fn)
         # `loss` is this rank's share of the global mean; report the rank's own mean token loss
         loss = loss * (global_tokens / local_tokens)
         grad_norm = clip_grad_norm_(
@@ -220,6 +230,8 @@ def train(cfg: JobConfig) -> None:
             pp_mesh=dims.mesh("pp") if dims.pp_enabled else None,
         )
         optimizer.step()
+        if precompute_float8_scales is not None:
+            precompute_float8_scales(model_parts)
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
 

@@ -151,19 +151,42 @@ class Checkpoint:
 
 @dataclass
 class ActivationCheckpoint:
-    mode: Literal["none", "full"] = opt(
-        "none", "activation checkpointing: none or full (recompute every block)"
+    mode: Literal["none", "full", "selective"] = opt(
+        "none", "activation checkpointing: none, full (recompute every block) or selective (see option)"
+    )
+    selective_ac_option: str = opt(
+        "op",
+        "selective mode: 'op' = save matmul/attention outputs, recompute the rest; an integer N as a string"
+        " ('2') = checkpoint every N-th block fully",
     )
 
 
 @dataclass
 class Float8:
-    enable: bool = opt(False, "train linear layers in float8 through torchao")
+    enable: bool = opt(False, "train linear layers in float8 through torchao (converted before TP and FSDP)")
+    recipe: Literal["tensorwise", "rowwise"] = opt(
+        "tensorwise", "torchao scaling recipe: tensorwise (one scale per tensor) or rowwise (one per row)"
+    )
+    enable_fsdp_float8_all_gather: bool = opt(
+        False, "FSDP2 all-gathers float8 weights (half the bytes of bf16); tensorwise recipe only"
+    )
+    precompute_float8_dynamic_scale_for_fsdp: bool = opt(
+        False, "compute all weight scales in one all-reduce after the optimizer step (needs the all-gather)"
+    )
+    min_dim: int = opt(
+        1024, "skip linear layers whose in or out features are below this (too small to gain from float8)"
+    )
+    emulate: bool = opt(
+        False, "emulate float8 matmuls in high precision (for devices without float8 matmul support)"
+    )
 
 
 @dataclass
 class Compile:
-    enable: bool = opt(False, "torch.compile each transformer block")
+    enable: bool = opt(False, "torch.compile each transformer block (and the loss, see components)")
+    components: list[Literal["model", "loss"]] = opt(
+        ["model", "loss"], "what to compile when enabled: model (each block) and/or loss"
+    )
 
 
 @dataclass

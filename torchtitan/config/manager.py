@@ -312,6 +312,43 @@ def validate(cfg: JobConfig) -> None:
         cfg.job.expected_nodes,
         "must be >= 1 or none",
     )
+    ac = cfg.activation_checkpoint
+    opt_ok = ac.selective_ac_option == "op" or (
+        ac.selective_ac_option.isdigit() and int(ac.selective_ac_option) >= 1
+    )
+    need(
+        ac.mode != "selective" or opt_ok,
+        "activation_checkpoint.selective_ac_option",
+        ac.selective_ac_option,
+        "must be 'op' or a positive integer N as a string ('2' = every 2nd block)",
+    )
+    f8 = cfg.float8
+    need(
+        f8.min_dim >= 16,
+        "float8.min_dim",
+        f8.min_dim,
+        "must be >= 16 (float8 matmuls need dims divisible by 16)",
+    )
+    need(
+        not (f8.enable and f8.enable_fsdp_float8_all_gather and f8.recipe != "tensorwise"),
+        "float8.enable_fsdp_float8_all_gather",
+        f8.enable_fsdp_float8_all_gather,
+        f"torchao supports float8 all-gather only with recipe = 'tensorwise' (recipe is {f8.recipe!r})",
+    )
+    need(
+        not (
+            f8.enable and f8.precompute_float8_dynamic_scale_for_fsdp and not f8.enable_fsdp_float8_all_gather
+        ),
+        "float8.precompute_float8_dynamic_scale_for_fsdp",
+        f8.precompute_float8_dynamic_scale_for_fsdp,
+        "needs float8.enable_fsdp_float8_all_gather = true (the scales it precomputes are for that all-gather)",
+    )
+    need(
+        not cfg.compile.enable or len(cfg.compile.components) > 0,
+        "compile.components",
+        cfg.compile.components,
+        "must name at least one of model, loss when compile.enable = true",
+    )
     p = cfg.parallelism
     for key in (
         "data_parallel_replicate_degree",

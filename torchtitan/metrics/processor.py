@@ -27,6 +27,7 @@ CONSOLE_FIELDS = [
     ("throughput/tokens_per_sec_per_device", "tok/s/dev", "9,.0f"),
     ("throughput/tflops_per_device", "tflops", "7.2f"),
     ("mfu/percent", "mfu%", "6.2f"),
+    ("mfu/percent_fp8_mixed", "mfu8%", "6.2f"),
     ("time/step_s", "step_s", "7.3f"),
     ("time/data_share_pct", "data%", "5.1f"),
     ("memory/max_reserved_gib", "mem_gib", "6.2f"),
@@ -42,21 +43,35 @@ def throughput_metrics(
     dp_ranks_rate_sum: float,
     flops_per_token: float,
     peak: PeakFlops,
+    float8_flops_per_token: float = 0.0,
 ) -> dict[str, float]:
     """Tokens/s, TFLOPS and MFU by the definitions in docs/metrics.md.
 
     tokens/s per device = tokens this data-parallel rank consumed / elapsed / (tp * pp * cp)
     MFU = flops_per_token * tokens/s per device / peak FLOPS of one device
     `dp_ranks_rate_sum` is the sum over data-parallel ranks of their tokens/s (the global figure).
+
+    With float8 linears (float8_flops_per_token > 0 of the flops_per_token) and a known FP8 peak, also
+    mfu/percent_fp8_mixed = ideal time / actual time, where the ideal time per token charges the float8 FLOPs
+    to the FP8 peak and the rest to the BF16 peak:
+        (f8 / peak_fp8 + (flops_per_token - f8) / peak_bf16) * tokens/s per device
+    mfu/percent stays against the BF16 peak for every FLOP, so it remains comparable with bf16 runs.
     """
     per_device = tokens_per_dp_rank / elapsed_s / non_dp_devices
     tflops = flops_per_token * per_device / 1e12
-    return {
+    m = {
         "throughput/tokens_per_sec_per_device": per_device,
         "throughput/tokens_per_sec_global": dp_ranks_rate_sum,
         "throughput/tflops_per_device": tflops,
         "mfu/percent": 100.0 * tflops / peak.bf16_tflops,
     }
+    if float8_flops_per_token > 0 and peak.fp8_tflops:
+        ideal_s_per_token = (
+            float8_flops_per_token / peak.fp8_tflops
+            + (flops_per_token - float8_flops_per_token) / peak.bf16_tflops
+        ) / 1e12
+        m["mfu/percent_fp8_mixed"] = 100.0 * ideal_s_per_token * per_device
+    return m
 
 
 def _agree_on_peak(peak: PeakFlops) -> PeakFlops:
@@ -83,9 +98,11 @@ class MetricsProcessor:
         tokens_per_step_per_dp_rank: int,
         dump_folder: str,
         start_step: int = 0,
+        float8_flops_per_token: float = 0.0,
     ):
         self.cfg, self.dims, self.device, self.rank = cfg, dims, device, rank
         self.flops_per_token = flops_per_token
+        self.float8_flops_per_token = float8_flops_per_token
         self.peak = _agree_on_peak(peak)
         self.tokens_per_step = tokens_per_step_per_dp_rank
         self.total_steps = cfg.training.steps
@@ -153,6 +170,7 @@ class MetricsProcessor:
                 sums[1].item(),
                 self.flops_per_token,
                 self.peak,
+                self.float8_flops_per_token,
             )
         )
         m.update(
@@ -174,6 +192,19 @@ class MetricsProcessor:
         self.last_line = format_line(step, m, CONSOLE_FIELDS)
         self._reset_interval(step)
         return m
+
+    def float8_header(self) -> str:
+        """Run-header line saying how MFU is reported when float8 linears are on."""
+        share = 100.0 * self.float8_flops_per_token / self.flops_per_token
+        line = (
+            f"float8: {share:.1f}% of flops/token in float8 linears; mfu% charges all FLOPs to the BF16 peak"
+        )
+        if self.peak.fp8_tflops:
+            return (
+                line
+                + f"; mfu8% (mfu/percent_fp8_mixed) charges them to the FP8 peak {self.peak.fp8_tflops:g} TF"
+            )
+        return line + "; no FP8 peak known for this device, so no mixed FP8/BF16 MFU"
 
     def write_text(self, tag: str, text: str) -> None:
         for sink in self.sinks:

@@ -9,6 +9,10 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from torchtitan.quantize.float8 import convert_to_float8
+
+from .activation_checkpoint import apply_ac
+from .compile import apply_compile
 from .dims import ParallelDims
 from .distributed import init_distributed, pick_device, set_collective_timeout
 from .fsdp import apply_fsdp
@@ -31,18 +35,26 @@ __all__ = [
 def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Module:
     """Apply parallelism to a model built on the meta device, in this fixed order (docs/parallelism.md):
 
-        1. tensor parallel (+ sequence/loss parallel)  on mesh "tp"   - must see plain nn.Linear modules
-        2. float8 conversion of linear layers                          - torchao
+        1. float8 conversion of linear layers                          - torchao; swaps nn.Linear modules
+        2. tensor parallel (+ sequence/loss parallel)  on mesh "tp"
         3. activation checkpointing                                    - wraps blocks
         4. torch.compile per block                                     - compiles the wrapped block
         5. FSDP2 / HSDP                                  on mesh "fsdp" - last: shards whatever parameters exist
 
-    FSDP is applied even on a 1-rank mesh so that mixed precision behaves the same at every scale.
+    float8 before TP: it replaces nn.Linear modules; torchao's float8 TP styles accept only Float8Linear, the
+    filter must see unsharded shapes, and TP/AC/compile/FSDP must act on the modules that will actually run.
+    AC before compile, so the checkpointed region (and a selective policy) is traced into the block's graph;
+    compile before FSDP2, so FSDP's hooks wrap the compiled block. FSDP is applied even on a 1-rank mesh so that
+    mixed precision behaves the same at every scale.
     """
     p, t = cfg.parallelism, cfg.training
+    if cfg.float8.enable:
+        convert_to_float8(model, cfg)  # imports torchao (optional) only here
     if dims.tp_enabled:
         apply_tp(model, dims.mesh("tp"), p.enable_sequence_parallel, p.enable_loss_parallel)
-    # (2) float8, (3) activation checkpointing, (4) compile: inserted here, in this order.
+    apply_ac(model, cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option)
+    if cfg.compile.enable and "model" in cfg.compile.components:
+        apply_compile(model)
     reshard = p.fsdp_reshard_after_forward
     if dims.pp_enabled and reshard == "default":
         # Each micro-batch would all-gather the stage's blocks again; and zero-bubble schedules lose weight

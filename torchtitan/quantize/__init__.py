@@ -1,0 +1,1 @@
+"""Low-precision training: float8 linear layers through torchao (float8.py)."""
