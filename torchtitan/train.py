@@ -46,8 +46,10 @@ from torchtitan.parallel import (
     set_collective_timeout,
 )
 from torchtitan.parallel.compile import maybe_compile_loss
+from torchtitan.parallel.distributed import check_node_count, launch_world
 from torchtitan.profiling import Profiler
 from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
+from torchtitan.watchdog import Watchdog, comm_failure_message, die, hook_stall, is_comm_failure
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, global_tokens: int) -> torch.Tensor:
@@ -93,18 +95,20 @@ def forward_backward(
 
 def train(cfg: JobConfig) -> int:
     # ---- build -------------------------------------------------------------------------------------------------
-    device = pick_device()
-    rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
-    preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
+    # A world that does not match the config fails here with both numbers, before any rank waits for another.
+    check_node_count(cfg.job.expected_nodes)
+    dims = ParallelDims.from_config(cfg.parallelism, launch_world()[0])
     dump = cfg.job.dump_folder
-    init_logger(rank, os.path.join(dump, "logs"))
-    dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
+    device = pick_device()
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
     if dims.pp_enabled:  # and every pipeline constraint (stages, schedule, micro-batches)
         pp_plan = plan_pipeline(
             cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
         )
+    rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
+    preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
     torch.manual_seed(cfg.training.seed)
@@ -223,6 +227,7 @@ def train(cfg: JobConfig) -> int:
         gc.collect(1)
     set_collective_timeout(cfg.comm.train_timeout_seconds)
     nan_step = nan_hook_step()
+    watchdog = Watchdog(cfg.comm.watchdog_timeout_seconds, cfg.comm.init_timeout_seconds, rank)
 
     # ---- train -------------------------------------------------------------------------------------------------
     profiler = Profiler(cfg, rank, dump, start_step)
@@ -230,6 +235,7 @@ def train(cfg: JobConfig) -> int:
     for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
+        hook_stall(step, rank)
         optimizer.zero_grad(set_to_none=True)
         loss, data_time = torch.zeros((), device=device), 0.0
         for _ in range(accum_steps):  # gradients add up over micro-steps
@@ -280,6 +286,7 @@ def train(cfg: JobConfig) -> int:
             ckpt.save(step, tokens_seen, kind="export" if last else "full")
         ckpt.poll()
         if signum:
+            watchdog.stop()
             profiler.stop()
             ckpt.close()
             metrics.close()
@@ -292,8 +299,11 @@ def train(cfg: JobConfig) -> int:
                 f"signal {signum} received: checkpoint saved at step {step}; exiting {EXIT_PREEMPTED}"
             )
             return EXIT_PREEMPTED
+        # Last in the step: anything slow at its end (a checkpoint save) counts as part of this step.
+        watchdog.beat(step)
 
     # ---- finish ------------------------------------------------------------------------------------------------
+    watchdog.stop()
     profiler.stop()
     ckpt.close()  # an async save still in flight is waited for and committed
     metrics.close()
@@ -311,10 +321,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         validate(cfg)
+        if cfg.job.dry_run:  # the launch checks only: no process group, no device, no training
+            from torchtitan.preflight import run_checks
+
+            world, nodes = launch_world()
+            return run_checks(cfg, world, nodes if "WORLD_SIZE" in os.environ else None)
         return train(cfg)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except RuntimeError as e:
+        if is_comm_failure(e):  # a peer died or hung: one line naming this rank and the step, exit 3
+            die(comm_failure_message(e), exc=e)
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

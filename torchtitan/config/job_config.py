@@ -26,6 +26,13 @@ class Job:
     )
     description: str = opt("", "free-text description printed in the run header")
     print_config: bool = opt(True, "print the effective config at start (rank 0)")
+    dry_run: bool = opt(
+        False,
+        "check the launch (config, mesh, tokenizer, data, folders, rendezvous) and exit without training",
+    )
+    expected_nodes: int | None = opt(
+        None, "fail at start unless the launcher formed a world of exactly this many nodes (None = no check)"
+    )
 
 
 @dataclass
@@ -230,6 +237,11 @@ class Profiling:
 class Comm:
     init_timeout_seconds: int = opt(300, "timeout for process-group init and the first collectives")
     train_timeout_seconds: int = opt(100, "timeout for collectives during training steps")
+    watchdog_timeout_seconds: int = opt(
+        1800,
+        "dump all stacks and exit (code 3) if no step completes in this time; the first step also gets"
+        " comm.init_timeout_seconds; 0 = off",
+    )
 
 
 @dataclass

@@ -303,6 +303,18 @@ def validate(cfg: JobConfig) -> None:
         cfg.comm.train_timeout_seconds,
         "must be > 0",
     )
+    need(
+        cfg.comm.watchdog_timeout_seconds >= 0,
+        "comm.watchdog_timeout_seconds",
+        cfg.comm.watchdog_timeout_seconds,
+        "must be >= 0 (0 turns the watchdog off)",
+    )
+    need(
+        cfg.job.expected_nodes is None or cfg.job.expected_nodes >= 1,
+        "job.expected_nodes",
+        cfg.job.expected_nodes,
+        "must be >= 1 or none",
+    )
     ac = cfg.activation_checkpoint
     opt_ok = ac.selective_ac_option == "op" or (
         ac.selective_ac_option.isdigit() and int(ac.selective_ac_option) >= 1

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
+import time
 
 import torch
 import torch.distributed as dist
+
+from torchtitan.errors import UserError
 
 
 def pick_device() -> torch.device:
@@ -18,47 +22,104 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+def launch_world() -> tuple[int, int]:
+    """(world size, node count) the launcher set up, from torchrun's environment; (1, 1) without a launcher."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if "GROUP_WORLD_SIZE" in os.environ:  # torchrun: the number of agents, i.e. nodes
+        return world, int(os.environ["GROUP_WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return world, max(world // max(local, 1), 1)
+
+
+def check_node_count(expected_nodes: int | None) -> None:
+    """Fail before any communication when the launcher's world is not the one the config asks for.
+
+    The classic failure: `torchrun --standalone` (or --nnodes 1) on each of N nodes forms N separate one-node
+    worlds that all train happily on the same data.
+    """
+    world, nodes = launch_world()
+    if expected_nodes is not None and nodes != expected_nodes:
+        raise UserError(
+            f"job.expected_nodes is {expected_nodes} but the launcher formed a world of {nodes} node(s)"
+            f" ({world} processes); start torchrun with --nnodes {expected_nodes} and one shared"
+            " --rdzv_endpoint/--rdzv_id on every node"
+        )
+
+
+def _wait_for_all_ranks(store, rank: int, world_size: int, timeout_s: float) -> None:
+    """Every rank checks in at the store; on timeout name the ranks that never did (the hung or dead ones)."""
+    prefix = "torchtitan/join"  # the store is already per restart attempt
+    store.set(f"{prefix}/{rank}", socket.gethostname())
+    store.add(f"{prefix}/count", 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add(f"{prefix}/count", 0) < world_size:  # one counter read per poll, not world_size key reads
+        if time.monotonic() > deadline:
+            missing = [r for r in range(world_size) if not store.check([f"{prefix}/{r}"])]
+            from torchtitan.watchdog import die
+
+            die(
+                f"rank {rank}: rank(s) {_ranges(missing)} of {world_size} did not join within {timeout_s:.0f} s"
+                f" (comm.init_timeout_seconds); check those ranks' logs and nodes"
+            )
+        time.sleep(min(5.0, 0.5 + world_size / 1000))  # thousands of ranks polling one store: poll slower
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5': a world of thousands stays one line."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def init_distributed(device: torch.device, init_timeout_seconds: int) -> tuple[int, int]:
     """Initialize the default process group and return (rank, world_size).
 
     Under torchrun the env:// rendezvous is used. Without it (`python train.py`), a one-process group on an
     in-memory store is created, so the same code path (FSDP2 on a 1-rank mesh) runs everywhere.
     CUDA ranks get NCCL for GPU tensors and gloo for CPU tensors; CPU ranks get gloo.
+    Every stage (joining, first collective) is bounded by the init timeout and names the ranks that are missing.
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     backend = "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=init_timeout_seconds)
-    if "WORLD_SIZE" in os.environ:
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        if "TORCHELASTIC_RESTART_COUNT" in os.environ:
-            kwargs.update(_attempt_store(timeout))
-        dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
-    else:
+    if "WORLD_SIZE" not in os.environ:
         dist.init_process_group(
             backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
         )
-    return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    from torchtitan.watchdog import hook_never_join
 
-
-def _attempt_store(timeout: datetime.timedelta) -> dict:
-    """Under torchrun, the rendezvous store with keys prefixed by the restart attempt.
-
-    torchrun --max-restarts keeps one TCPStore across attempts. In torch 2.13 the workers' keys are not separated
-    per attempt, so a restarted gloo group reads the dead attempt's addresses and fails ("connectFullMesh ...
-    Connection refused"). A per-attempt prefix makes every attempt rendezvous from scratch.
-    """
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # else rank 0 hosts the store
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world,
-        is_master=rank == 0 and not agent_store,
-        timeout=timeout,
+    hook_never_join(int(os.environ["RANK"]))
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store.set_timeout(timeout)
+    # torchrun --max-restarts keeps one store across attempts: prefix the keys with the attempt, or a restarted
+    # group reads the dead attempt's addresses (found by the checkpoint work).
+    store = dist.PrefixStore(f"/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    _wait_for_all_ranks(store, rank, world_size, init_timeout_seconds)
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(
+        backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
     )
-    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    return {"store": dist.PrefixStore(f"/attempt_{attempt}", store), "rank": rank, "world_size": world}
+    # The first collective, also under the init timeout. gloo's monitored_barrier names the ranks that do not
+    # arrive; NCCL has no such barrier, so a GPU all-reduce (which also creates the communicator) stands in.
+    if device.type == "cpu":
+        try:
+            dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
+        except RuntimeError as e:
+            from torchtitan.watchdog import die
+
+            die(
+                f"rank {rank}: first collective timed out after {init_timeout_seconds} s: {str(e).splitlines()[0]}"
+            )
+    else:
+        dist.all_reduce(torch.ones(1, device=device))
+    return rank, world_size
 
 
 def set_collective_timeout(seconds: int) -> None:
