@@ -28,20 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from torchtitan.launch import local_command  # noqa: E402
+
 
 def trainer(nproc: int, steps: int, interval: int, warmup: int, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as dump:
-        if nproc == 1:
-            cmd = [sys.executable, str(ROOT / "train.py")]
-        else:
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc_per_node={nproc}",
-                str(ROOT / "train.py"),
-            ]
+        cmd = local_command(nproc, str(ROOT / "train.py"))
         args = [
             "--job.config_file=train_configs/debug_model.toml",
             f"--training.steps={steps}",

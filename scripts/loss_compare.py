@@ -23,6 +23,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from torchtitan.launch import local_command  # noqa: E402
 
 # fp32 everywhere and a log line per step: what parity needs, overridable by --common.
 PARITY_DEFAULTS = [
@@ -36,17 +39,7 @@ PARITY_DEFAULTS = [
 
 def run(nproc: int, args: list[str], dump: str, timeout: int = 900) -> list[dict]:
     """Train with `args` on nproc processes; return the metrics.jsonl rows."""
-    if nproc == 1:
-        cmd = [sys.executable, str(ROOT / "train.py")]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            str(ROOT / "train.py"),
-        ]
+    cmd = local_command(nproc, str(ROOT / "train.py"))
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

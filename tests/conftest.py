@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from torchtitan.launch import local_command
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Small, fast settings for end-to-end runs of the debug model on a 2-core CPU.
@@ -32,23 +34,19 @@ def train_env(**extra) -> dict:
     return env
 
 
-def run_train(
-    nproc: int, args: list[str], timeout: int = 600, env: dict | None = None
+def run_script(
+    nproc: int, script: str, args: list[str], timeout: int = 600, env: dict | None = None, torchrun_args=()
 ) -> subprocess.CompletedProcess:
-    """`python train.py` for nproc == 1, else torchrun --standalone with nproc local workers."""
-    if nproc == 1:
-        cmd = [sys.executable, "train.py", *args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "train.py",
-            *args,
-        ]
+    """Run `script` from the repo root: plain python for nproc == 1, else torchrun --standalone."""
+    cmd = [*local_command(nproc, script, tuple(torchrun_args)), *args]
     r = subprocess.run(cmd, cwd=ROOT, env=env or train_env(), capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         sys.stderr.write(r.stdout[-5000:] + r.stderr[-5000:])
     return r
+
+
+def run_train(
+    nproc: int, args: list[str], timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`python train.py` for nproc == 1, else torchrun --standalone with nproc local workers."""
+    return run_script(nproc, "train.py", args, timeout, env)

@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, TINY, run_train, train_env
 from torchtitan.checkpoint import EXIT_PREEMPTED, committed_checkpoints, verify_checkpoint
 from torchtitan.errors import UserError
+from torchtitan.launch import local_command
 from torchtitan.metrics import read_tensorboard_scalars
 
 STEPS = 6
@@ -44,9 +45,8 @@ def steps_in(out) -> list[int]:
 
 
 def torchrun(nproc: int, args: list[str], extra: list[str] = (), env=None, timeout=600):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *extra]
     r = subprocess.run(
-        [*cmd, "train.py", *args],
+        [*local_command(nproc, "train.py", tuple(extra)), *args],
         cwd=ROOT,
         env=env or train_env(),
         capture_output=True,

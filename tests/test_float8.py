@@ -7,13 +7,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, TINY, train_env
+from conftest import ROOT, TINY, run_script
 from torchtitan.config import JobConfig, validate
 from torchtitan.config.manager import ConfigError
 from torchtitan.errors import UserError
@@ -243,13 +242,5 @@ def test_float8_before_tensor_parallel_with_float8_tp_styles():
     """Converted before TP, the MLP takes torchao's Float8Colwise/RowwiseParallel (they accept only Float8Linear:
     TP first would make them unusable), a filtered-out linear takes the plain style, and the sharded float8
     MLP matches the unsharded float8 MLP (output and gradients) to fp32 rounding. 2 ranks, gloo."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    r = subprocess.run(
-        [*cmd, "tests/dist/float8_tp.py"],
-        cwd=ROOT,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_script(2, "tests/dist/float8_tp.py", [], timeout=300)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

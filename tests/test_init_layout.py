@@ -1,24 +1,13 @@
 """The full initial weights for a seed do not depend on the parallel layout (see DESIGN.md)."""
 
-import subprocess
-import sys
-
 import torch
 
-from conftest import ROOT, train_env
+from conftest import run_script
 
 
 def dump(tmp_path, nproc, *args):
     out = tmp_path / f"init_{nproc}_{len(args)}_{abs(hash(args))}.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    r = subprocess.run(
-        [*cmd, "tests/dist/dump_init.py", str(out), *args],
-        cwd=ROOT,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_script(nproc, "tests/dist/dump_init.py", [str(out), *args], timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return torch.load(out, weights_only=True)
 

@@ -6,7 +6,7 @@ from torchtitan.config import parse_args
 from torchtitan.errors import UserError
 from torchtitan.models import model_args_from_config
 from torchtitan.parallel.dims import ParallelDims
-from torchtitan.preflight import preflight
+from torchtitan.preflight import check_mesh, preflight
 
 DEBUG = ["--job.config_file=train_configs/debug_model.toml", "--training.seq_len=64"]
 
@@ -110,7 +110,8 @@ def test_gpu_only_features_rejected_on_cpu():
 
 def test_preflight_runs_the_same_checks():
     with pytest.raises(UserError, match="n_kv_heads=4 is not divisible by tensor_parallel_degree 8"):
-        preflight(["--world_size=8", *DEBUG, "--parallelism.tensor_parallel_degree=8"])
-    assert preflight(["--world_size=4", *DEBUG, "--parallelism.tensor_parallel_degree=2"]).startswith(
-        "preflight ok"
-    )
+        check_mesh(parse_args([*DEBUG, "--parallelism.tensor_parallel_degree=8"]), 8)
+    with pytest.raises(UserError, match="pipeline"):
+        check_mesh(parse_args([*DEBUG, "--parallelism.pipeline_parallel_degree=8"]), 8)  # 6 layers < 8 stages
+    assert preflight(["--world_size=8", *DEBUG, "--parallelism.tensor_parallel_degree=8"]) == 2
+    assert preflight(["--world_size=4", *DEBUG, "--parallelism.tensor_parallel_degree=2"]) == 0

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, TINY, train_env
+from conftest import ROOT, TINY, run_script, train_env
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from loss_compare import compare, run  # noqa: E402
@@ -95,20 +95,11 @@ def test_interleaved_zero_bubble_gradients_per_parameter(tmp_path):
     This is the check that caught zero-bubble schedules dropping the weight gradients of blocks FSDP had
     resharded after forward (the last stage's blocks got none), which a loss curve shows only from step 2.
     """
-    import subprocess
 
     def dump(nproc, name, *args):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         out = tmp_path / name
         common = [*TINY, "--training.local_batch_size=4", "--training.mixed_precision_param=float32"]
-        r = subprocess.run(
-            [*cmd, "tests/dist/dump_grads.py", str(out), *common, *args],
-            cwd=ROOT,
-            env=train_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        r = run_script(nproc, "tests/dist/dump_grads.py", [str(out), *common, *args], timeout=300)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         merged = {}
         for rank in range(nproc):

@@ -55,11 +55,15 @@ def _positive(name: str, value: str) -> int:
 def check_mesh(cfg, world_size: int) -> str:
     from torchtitan.models import model_args_from_config
     from torchtitan.parallel.dims import ParallelDims
+    from torchtitan.parallel.pipeline import plan_pipeline
 
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
-    dims.validate(
-        model_args_from_config(cfg.model, cfg.training.seq_len), cfg
-    )  # heads, vocab, seq_len, batch
+    model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    dims.validate(model_args, cfg)  # heads, vocab, seq_len, batch
+    if dims.pp_enabled:  # stages, schedule, micro-batches: the same checks the trainer runs
+        plan_pipeline(
+            cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
+        )
     return dims.describe()
 
 
