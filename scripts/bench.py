@@ -119,16 +119,24 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--interval", type=int, default=5)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=1, help="alternate trainer and bare runs this many times")
     p.add_argument("overrides", nargs="*", help="config overrides after --, applied to both")
     a = p.parse_args()
+    runs = {"trainer": [], "bare": []}
+    for _ in range(a.repeat):  # alternating, so drift in machine speed hits both alike
+        if a.mode in ("both", "trainer"):
+            runs["trainer"].append(trainer(a.nproc, a.steps, a.interval, a.warmup, a.overrides))
+        if a.mode in ("both", "bare"):
+            runs["bare"].append(bare(a.steps, a.interval, a.warmup, a.overrides))
     result = {}
-    if a.mode in ("both", "trainer"):
-        result["trainer"] = trainer(a.nproc, a.steps, a.interval, a.warmup, a.overrides)
-    if a.mode in ("both", "bare"):
-        result["bare"] = bare(a.steps, a.interval, a.warmup, a.overrides)
+    for name, rs in runs.items():
+        if rs:
+            result[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            result[name]["runs_tokens_per_sec"] = [round(r["tokens_per_sec_per_device"]) for r in rs]
     if a.mode == "both":
-        t, b = result["trainer"]["tokens_per_sec_per_device"], result["bare"]["tokens_per_sec_per_device"]
-        result["trainer_over_bare"] = t / b
+        ratios = [t["tokens_per_sec_per_device"] / b["tokens_per_sec_per_device"] for t, b in zip(*runs.values())]
+        result["trainer_over_bare_median"] = statistics.median(ratios)
+        result["trainer_over_bare_runs"] = [round(r, 4) for r in ratios]
     print(json.dumps(result, indent=2))
     return 0
 

@@ -91,7 +91,8 @@ class Parallelism:
         1, "sequences per pipeline micro-batch; micro-batches = local_batch_size / this"
     )
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
-        "default", "free gathered parameters after forward: default = always except the root module"
+        "default",
+        "free gathered parameters after forward: default = blocks yes, root no (never with PP or an unsharded mesh)",
     )
     fsdp_cpu_offload: bool = opt(
         False,
