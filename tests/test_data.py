@@ -501,3 +501,10 @@ def test_shipped_corpus_is_reproducible(capsys):
     assert 2e6 < size < 4e6
     n_docs = sum(1 for _ in open(TRAIN))
     assert n_docs >= 3000
+
+
+def test_empty_user_file_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(UserError, match="holds no records"):
+        build_dataloader("debug_corpus", str(empty), "text", build_tokenizer(str(SP_MODEL)), 0, 1, 2, 16)

@@ -73,7 +73,10 @@ def _load_files(spec: str):
             f"data.dataset_path {spec} mixes file types ({', '.join(sorted(builders))}); use one type"
         )
     # A user's files are one split: everything found is read, whatever split was asked for.
-    return load_dataset(builders.pop(), data_files=files, split="train", streaming=True)
+    try:
+        return load_dataset(builders.pop(), data_files=files, split="train", streaming=True)
+    except StopIteration:  # datasets' schema inference reads the first record; an empty file has none
+        raise UserError(f"data.dataset_path {spec} holds no records (empty file?)") from None
 
 
 def _load_c4(split: str):
