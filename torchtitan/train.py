@@ -307,8 +307,6 @@ def train(cfg: JobConfig) -> int:
     profiler.stop()
     ckpt.close()  # an async save still in flight is waited for and committed
     metrics.close()
-    # Leave together: a rank that tears down its gloo pairs while a peer is still mid-collective aborts the peer.
-    torch.distributed.barrier()
     logger.info("training finished after %d steps", t.steps)
     return 0
 
@@ -326,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
 
             world, nodes = launch_world()
             return run_checks(cfg, world, nodes if "WORLD_SIZE" in os.environ else None)
-        return train(cfg)
+        rc = train(cfg)
+        # Every rank returns from train() at the same step (finished, seed written, or preempted). Leave together:
+        # a rank that tears down its gloo pairs while a peer is still talking to it makes the peer abort.
+        dist.barrier()
+        return rc
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

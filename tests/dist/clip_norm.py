@@ -53,6 +53,7 @@ def main():
     assert torch.equal(stage[0].grad, (rank + 1) * a)  # max_norm <= 0: not clipped
     if rank == 0:
         print("ok")
+    dist.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
     dist.destroy_process_group()
 
 

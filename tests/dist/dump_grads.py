@@ -74,6 +74,7 @@ def main():
                 continue
             grads[name] = (g.full_tensor() if isinstance(g, DTensor) else g).clone()
     torch.save(grads, f"{out}.{rank}")
+    torch.distributed.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
     torch.distributed.destroy_process_group()
 
 

@@ -28,6 +28,7 @@ def main():
     full = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
     if rank == 0:
         torch.save(full, out)
+    torch.distributed.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
     torch.distributed.destroy_process_group()
 
 

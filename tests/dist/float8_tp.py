@@ -63,6 +63,7 @@ def main():
     assert grad_diff <= 1e-5, grad_diff
     if dist.get_rank() == 0:
         print("OK", out_diff, grad_diff)
+    dist.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
     dist.destroy_process_group()
 
 
