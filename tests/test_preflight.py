@@ -70,7 +70,7 @@ BAD = {
     "vocab_mismatch": (["--model.vocab_size=4096"], "has 2048 tokens but the model's vocab_size is 4096"),
     "dataset_missing": (["--data.dataset_path=/nonexistent/data"], "data.dataset_path /nonexistent/data does not exist"),
     "dataset_unknown": (["--data.dataset=nosuch"], "data.dataset 'nosuch' is unknown"),
-    "dataset_empty": (["--data.dataset_path={tmp}/empty.jsonl"], "has no non-empty 'text' document"),
+    "dataset_empty": (["--data.dataset_path={tmp}/empty.jsonl"], "empty.jsonl holds no records (empty file?)"),
     "dataset_wrong_field": (["--data.dataset_path={tmp}/other.jsonl"], "data.text_field 'text' is not a column"),
     "dump_not_writable": (["--job.dump_folder={tmp}/afile/sub"], "job.dump_folder {tmp}/afile/sub is not writable"),
     "checkpoint_not_writable": (

@@ -108,8 +108,6 @@ def check_dataset(cfg) -> str:
                 break
     except UserError:
         raise
-    except StopIteration:  # `datasets` raises it while inferring the schema of an empty json file
-        pass
     except Exception as e:  # network, permissions, corrupt files: whatever the source raises, one line
         raise UserError(
             f"{where} could not be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
