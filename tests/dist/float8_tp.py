@@ -5,6 +5,9 @@ BEFORE TP and sharded with the styles float8_tp_style picks, against the same fl
 Prints 'OK <max output diff> <max grad diff>' on rank 0; any mismatch raises.
 """
 
+import os
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -54,7 +57,7 @@ def main():
     y.sum().backward()
     out_diff = (y - y_ref).abs().max().item()
     grad_diff = 0.0
-    for (name, p_ref), p in zip(ref.named_parameters(), tp.parameters()):
+    for p_ref, p in zip(ref.parameters(), tp.parameters()):
         g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         grad_diff = max(grad_diff, ((g - p_ref.grad).abs().max() / p_ref.grad.abs().max()).item())
     # Same float8 casts (tensorwise scales are global amaxes, all-reduced under TP), only the summation order of
@@ -69,3 +72,7 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Skip interpreter teardown: after torchao's float8 import, a C++ thread is sometimes destroyed unjoined at
+    # exit ("terminate called without an active exception", SIGABRT) once everything above has passed.
+    sys.stdout.flush()
+    os._exit(0)
