@@ -37,9 +37,10 @@ PARITY_DEFAULTS = [
 ]
 
 
-def run(nproc: int, args: list[str], dump: str, timeout: int = 900) -> list[dict]:
-    """Train with `args` on nproc processes; return the metrics.jsonl rows."""
-    cmd = local_command(nproc, str(ROOT / "train.py"))
+def run(nproc: int, args: list[str], dump: str, timeout: int = 900, script: str = "train.py") -> list[dict]:
+    """Train with `args` on nproc processes (`script`: the entry point, relative to the repo); return the
+    metrics.jsonl rows."""
+    cmd = local_command(nproc, str(ROOT / script))
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

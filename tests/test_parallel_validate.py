@@ -67,6 +67,16 @@ def test_valid_layouts_pass():
             "training.seq_len=66 is not divisible by 2 x context_parallel_degree = 4",
         ),
         (
+            8,
+            [
+                "--parallelism.context_parallel_degree=2",
+                "--parallelism.tensor_parallel_degree=4",
+                "--training.seq_len=20",
+            ],
+            "training.seq_len=20 / context_parallel_degree 2 = 10 tokens per cp rank is not divisible by"
+            " tensor_parallel_degree 4 (sequence parallel); use a seq_len that is a multiple of 16",
+        ),
+        (
             2,
             ["--training.local_batch_size=2", "--training.global_batch_size=6"],
             "training.global_batch_size=6 is not a multiple of local_batch_size 2 x dp 2 = 4"

@@ -46,6 +46,7 @@ from torchtitan.parallel import (
     set_collective_timeout,
 )
 from torchtitan.parallel.compile import maybe_compile_loss
+from torchtitan.parallel.context import build_cp_context
 from torchtitan.parallel.distributed import check_node_count, launch_world
 from torchtitan.profiling import Profiler
 from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
@@ -178,6 +179,7 @@ def train(cfg: JobConfig) -> int:
     loss_context = (
         loss_parallel if dims.tp_enabled and cfg.parallelism.enable_loss_parallel else contextlib.nullcontext
     )
+    cp_context = build_cp_context(dims, cfg.parallelism.context_parallel_rotate_method, model_parts, t.seq_len)
 
     # ---- checkpoint: seed mode, or resume (before the metrics, which continue the curves at the resumed step) --
     ckpt = CheckpointManager(
@@ -243,8 +245,10 @@ def train(cfg: JobConfig) -> int:
             inputs, labels = next(data_iter)
             inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             data_time += time.perf_counter() - data_start
-            loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp, loss_fn)
-        # `loss` is this rank's share of the global mean; report the rank's own mean token loss
+            with cp_context(inputs, labels):  # context parallel: shards them on the sequence; else no-op
+                loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp, loss_fn)
+        # `loss` is this rank's share of the global mean; report the rank's own mean token loss (under context
+        # parallel, the rank's part of its dp rank's mean: the metrics add the cp ranks' parts)
         loss = loss * (global_tokens / local_tokens)
         if step == nan_step:
             loss = loss * float("nan")

@@ -77,7 +77,12 @@ class Parallelism:
     data_parallel_shard_degree: int = opt(-1, "FSDP shard degree; -1 = whatever the other degrees leave")
     tensor_parallel_degree: int = opt(1, "tensor parallel degree")
     pipeline_parallel_degree: int = opt(1, "pipeline parallel degree")
-    context_parallel_degree: int = opt(1, "context parallel degree")
+    context_parallel_degree: int = opt(
+        1, "context parallel degree: each sequence split over this many ranks (ring attention; CUDA only)"
+    )
+    context_parallel_rotate_method: Literal["allgather", "alltoall"] = opt(
+        "allgather", "how context parallel passes key/value shards between ranks (torch's set_rotate_method)"
+    )
     pipeline_parallel_schedule: Literal[
         "GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"
     ] = opt("1F1B", "pipeline schedule; the interleaved ones need pipeline_parallel_stages_per_rank >= 2")

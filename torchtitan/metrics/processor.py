@@ -148,6 +148,9 @@ class MetricsProcessor:
             # Only the last pipeline stage computes the loss; the other stages pass 0, so a sum over the pp mesh
             # gives every rank (rank 0 included, which logs) the value of its pipeline's last stage.
             dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=self.dims.mesh("pp").get_group())
+        if self.dims.cp_enabled:
+            # Under context parallel each cp rank holds the loss of its share of the sequence: add them up.
+            dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=self.dims.mesh("cp").get_group())
         loss_value = loss_value.item()
         sums = torch.tensor([loss_value, local_rate], dtype=torch.float64)
         maxes = torch.tensor([loss_value], dtype=torch.float64)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torchtitan.errors import UserError
+from torchtitan.parallel.context import cp_supported
 
 _DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -144,15 +145,16 @@ class ParallelDims:
                     f" = {2 * self.cp} (each rank takes two chunks for causal load balance); use a multiple of"
                     f" {2 * self.cp}"
                 )
-            if device_type == "cpu":
+            if self.tp > 1 and p.enable_sequence_parallel and (t.seq_len // self.cp) % self.tp:
                 raise UserError(
-                    f"parallelism: context_parallel_degree={self.cp}: context parallel needs CUDA (torch has no"
-                    f" sharded CPU attention kernel); set context_parallel_degree=1 on CPU"
+                    f"parallelism: training.seq_len={t.seq_len} / context_parallel_degree {self.cp} ="
+                    f" {t.seq_len // self.cp} tokens per cp rank is not divisible by {tp} (sequence parallel);"
+                    f" use a seq_len that is a multiple of {2 * self.cp * self.tp}"
                 )
-            if device_type is not None:
+            if device_type is not None and not cp_supported(device_type):
                 raise UserError(
-                    f"parallelism: context_parallel_degree={self.cp}: the context-parallel training path is not"
-                    f" implemented yet (the mesh and checks are); set context_parallel_degree=1"
+                    f"parallelism: context_parallel_degree={self.cp}: context parallel needs CUDA (torch's ring"
+                    f" attention has no entry for the {device_type} attention kernel); set context_parallel_degree=1"
                 )
         micro = t.local_batch_size * self.dp
         gbs = t.global_batch_size
