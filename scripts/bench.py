@@ -134,7 +134,9 @@ def main() -> int:
             result[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
             result[name]["runs_tokens_per_sec"] = [round(r["tokens_per_sec_per_device"]) for r in rs]
     if a.mode == "both":
-        ratios = [t["tokens_per_sec_per_device"] / b["tokens_per_sec_per_device"] for t, b in zip(*runs.values())]
+        ratios = [
+            t["tokens_per_sec_per_device"] / b["tokens_per_sec_per_device"] for t, b in zip(*runs.values())
+        ]
         result["trainer_over_bare_median"] = statistics.median(ratios)
         result["trainer_over_bare_runs"] = [round(r, 4) for r in ratios]
     print(json.dumps(result, indent=2))

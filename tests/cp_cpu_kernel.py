@@ -51,8 +51,19 @@ def _handler(op_call, args, kwargs):
     else:
         grad_out, q, k, v, out, lse, dropout_p, is_causal = local
         results = cp._templated_ring_attention_backward(
-            group, SEQ_DIM, _kernel_backward, grad_out=grad_out, grad_out_name="grad_out", query=q, key=k,
-            value=v, out=out, logsumexp=lse, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+            group,
+            SEQ_DIM,
+            _kernel_backward,
+            grad_out=grad_out,
+            grad_out_name="grad_out",
+            query=q,
+            key=k,
+            value=v,
+            out=out,
+            logsumexp=lse,
+            is_causal=is_causal,
+            dropout_p=dropout_p,
+            scale=scale,
         )
     return tuple(DTensor.from_local(t, mesh, [Shard(SEQ_DIM)], run_check=False) for t in results)
 

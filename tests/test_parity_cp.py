@@ -20,9 +20,9 @@ import sys
 
 import pytest
 import torch
+from test_parity import COMMON, RTOL, SHARDED, STEPS, check
 
 from conftest import ROOT
-from test_parity import COMMON, RTOL, SHARDED, STEPS, check
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from loss_compare import compare, run  # noqa: E402
@@ -80,9 +80,14 @@ def test_cp_on_cpu_is_a_clear_error(tmp_path):
     """Without the test kernel a CP run on CPU stops before training: exit 2, one line naming the fix."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
     r = subprocess.run(
-        [*cmd, *COMMON, CP2, f"--job.dump_folder={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [*cmd, *COMMON, CP2, f"--job.dump_folder={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert r.returncode != 0 and "failed (exitcode: 2)" in r.stderr, r.stderr[-3000:]  # torchrun names the rank's 2
+    # torchrun itself exits 1; it names the ranks' exit code 2
+    assert r.returncode != 0 and "failed (exitcode: 2)" in r.stderr, r.stderr[-3000:]
     ranks = r.stderr.split("failed (exitcode: 2)")[0]  # what the ranks wrote, before torchrun's own report
     lines = [line for line in ranks.splitlines() if line.startswith("error: ")]
     assert len(lines) == 2 and "Traceback" not in ranks, ranks  # one line per rank, no traceback
@@ -103,7 +108,9 @@ def test_cp_supported_asks_torchs_table():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="context parallel on CUDA needs 2 GPUs (one per NCCL rank)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="context parallel on CUDA needs 2 GPUs (one per NCCL rank)"
+)
 def test_cuda_cp_matches_single_gpu(tmp_path):
     """The real path: torch's ring attention over the CUDA SDPA kernels, CP 2 against 1 GPU, fp32, 10 steps.
 

@@ -179,7 +179,9 @@ def train(cfg: JobConfig) -> int:
     loss_context = (
         loss_parallel if dims.tp_enabled and cfg.parallelism.enable_loss_parallel else contextlib.nullcontext
     )
-    cp_context = build_cp_context(dims, cfg.parallelism.context_parallel_rotate_method, model_parts, t.seq_len)
+    cp_context = build_cp_context(
+        dims, cfg.parallelism.context_parallel_rotate_method, model_parts, t.seq_len
+    )
 
     # ---- checkpoint: seed mode, or resume (before the metrics, which continue the curves at the resumed step) --
     ckpt = CheckpointManager(
@@ -246,7 +248,9 @@ def train(cfg: JobConfig) -> int:
             inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             data_time += time.perf_counter() - data_start
             with cp_context(inputs, labels):  # context parallel: shards them on the sequence; else no-op
-                loss += forward_backward(model_parts, inputs, labels, global_tokens, loss_context, pp, loss_fn)
+                loss += forward_backward(
+                    model_parts, inputs, labels, global_tokens, loss_context, pp, loss_fn
+                )
         # `loss` is this rank's share of the global mean; report the rank's own mean token loss (under context
         # parallel, the rank's part of its dp rank's mean: the metrics add the cp ranks' parts)
         loss = loss * (global_tokens / local_tokens)

@@ -36,10 +36,15 @@ def cp_supported(device_type: str) -> bool:
         from torch.distributed.tensor.experimental._context_parallel._attention import custom_ops
     except ImportError:
         return False
-    return device_type == "cpu" and torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in custom_ops
+    return (
+        device_type == "cpu"
+        and torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in custom_ops
+    )
 
 
-def build_cp_context(dims: ParallelDims, rotate_method: str, model_parts: list[torch.nn.Module], seq_len: int):
+def build_cp_context(
+    dims: ParallelDims, rotate_method: str, model_parts: list[torch.nn.Module], seq_len: int
+):
     """A function (inputs, labels) -> context manager to run one micro-batch's forward AND backward under.
 
     With CP, entering it shards `inputs` and `labels` in place to this rank's seq_len / cp tokens (they are not
