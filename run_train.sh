@@ -7,7 +7,8 @@
 #   ./run_train.sh --help                                     # every config option
 #
 # Environment: CONFIG_FILE (default train_configs/debug_model.toml), NGPU or NPROC (processes on this node),
-# LOG_RANK (default 0). Extra arguments are config overrides (--section.key=value).
+# LOG_RANK (default 0), PYTORCH_ALLOC_CONF (on GPUs default expandable_segments:True). Extra arguments are config
+# overrides (--section.key=value).
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/env.sh
@@ -15,6 +16,11 @@ source scripts/env.sh
 CONFIG_FILE="${CONFIG_FILE:-train_configs/debug_model.toml}"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     default_nproc="$(nvidia-smi -L | wc -l)"
+    # CUDA caching allocator: expandable segments grow one mapping instead of leaving fragments (docs/launching.md);
+    # a setting of yours under either name wins
+    if [ -z "${PYTORCH_ALLOC_CONF:-}${PYTORCH_CUDA_ALLOC_CONF:-}" ]; then
+        export PYTORCH_ALLOC_CONF=expandable_segments:True
+    fi
 else
     default_nproc=2
 fi

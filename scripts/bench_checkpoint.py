@@ -20,7 +20,14 @@ from torchtitan.checkpoint import CheckpointManager  # noqa: E402
 from torchtitan.config import parse_args  # noqa: E402
 from torchtitan.models import get_model_class, model_args_from_config  # noqa: E402
 from torchtitan.optim import build_lr_scheduler, build_optimizer  # noqa: E402
-from torchtitan.parallel import ParallelDims, fill_shard, init_distributed, parallelize, pick_device  # noqa: E402
+from torchtitan.parallel import (  # noqa: E402
+    ParallelDims,
+    init_distributed,
+    local_coords,
+    materialize,
+    parallelize,
+    pick_device,
+)
 
 
 def main() -> None:
@@ -43,8 +50,8 @@ def main() -> None:
     with torch.device("meta"):
         model = get_model_class("llama3")(args)
     parallelize(model, dims, cfg)
-    model.to_empty(device=device)
-    model.init_weights(0, fill=fill_shard)
+    materialize(model, device)
+    model.init_weights(0, local_coords=local_coords)
     opt = build_optimizer([model], cfg)
     for p_ in model.parameters():  # one step with zero grads creates the AdamW moments
         p_.grad = torch.zeros_like(p_)

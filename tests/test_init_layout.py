@@ -1,4 +1,8 @@
-"""The full initial weights for a seed do not depend on the parallel layout (see DESIGN.md)."""
+"""The full initial weights for a seed do not depend on the parallel layout (see DESIGN.md, docs/model.md).
+
+Each layout's ranks compute only the elements they hold (torchtitan.parallel.local_coords); gathered back, they
+must equal the single-process weights exactly.
+"""
 
 import torch
 
@@ -6,18 +10,29 @@ from conftest import run_script
 
 
 def dump(tmp_path, nproc, *args):
+    """The full weights of a run in this layout: every rank's parameters, merged by name (all copies equal)."""
     out = tmp_path / f"init_{nproc}_{len(args)}_{abs(hash(args))}.pt"
     r = run_script(nproc, "tests/dist/dump_init.py", [str(out), *args], timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return torch.load(out, weights_only=True)
+    full = {}
+    for rank in range(nproc):
+        for name, value in torch.load(f"{out}.{rank}", weights_only=True).items():
+            if name in full:  # held by several ranks (FSDP/TP peers): each gathered the same full value
+                assert torch.equal(full[name], value), (args, name, rank)
+            full[name] = value
+    return full
+
+
+def assert_same(one, other, what):
+    assert one.keys() == other.keys(), what
+    for k in one:
+        assert torch.equal(one[k], other[k]), (what, k)
 
 
 def test_fsdp2_init_equals_single_process(tmp_path):
     one = dump(tmp_path, 1)
-    two = dump(tmp_path, 2, "--training.seed=0")
-    assert one.keys() == two.keys() and len(one) > 10
-    for k in one:
-        assert torch.equal(one[k], two[k]), k
+    assert len(one) > 10
+    assert_same(one, dump(tmp_path, 2, "--training.seed=0"), "FSDP 2")
     other_seed = dump(tmp_path, 1, "--training.seed=1")
     assert not torch.equal(one["layers.0.attention.wq.weight"], other_seed["layers.0.attention.wq.weight"])
 
@@ -30,7 +45,13 @@ def test_tp_layouts_init_equals_single_process(tmp_path):
         (4, ["--parallelism.tensor_parallel_degree=2"]),
         (2, ["--parallelism.tensor_parallel_degree=2", "--parallelism.enable_sequence_parallel=false"]),
     ]:
-        tp = dump(tmp_path, nproc, *args)
-        assert one.keys() == tp.keys()
-        for k in one:
-            assert torch.equal(one[k], tp[k]), (args, k)
+        assert_same(one, dump(tmp_path, nproc, *args), args)
+
+
+def test_pp_and_cp_layouts_init_equals_single_process(tmp_path):
+    """PP 2 (each rank holds a stage: half the layers, the embedding or the head) and CP 2 (FSDP shards over the
+    cp ranks) hold the same full weights as 1 process."""
+    one = dump(tmp_path, 1)
+    pp = dump(tmp_path, 2, "--parallelism.pipeline_parallel_degree=2")
+    assert_same(one, pp, "PP 2")
+    assert_same(one, dump(tmp_path, 2, "--parallelism.context_parallel_degree=2"), "CP 2")

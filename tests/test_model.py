@@ -10,6 +10,7 @@ from torch import nn
 
 from torchtitan.errors import UserError
 from torchtitan.models import MODELS, build_model_args
+from torchtitan.models.counter_init import _mix32_top_, fill_normal, mix32
 from torchtitan.models.llama3 import ModelArgs, RopeScaling, Transformer, get_model_args, llama3_flavors
 from torchtitan.models.llama3.model import apply_rotary_emb, precompute_freqs_cis, rope_frequencies
 
@@ -221,30 +222,129 @@ def test_init_independent_of_layers_present_and_wrappers():
     assert checked == len([k for k in full if k.startswith(("layers.2.", "layers.3.", "norm.", "output."))])
 
 
-def init_rank_shard(args: ModelArgs, seed: int, rank: int, world: int) -> dict[str, torch.Tensor]:
-    """Initialize as rank `rank` of `world` would, keeping only a dim-0 chunk of each parameter (like Shard(0))."""
+def init_shards(args: ModelArgs, seed: int, pick) -> dict[str, tuple[torch.Tensor, list[torch.Tensor]]]:
+    """Initialize as a rank holding, of every parameter, only the elements `pick(shape)` -> per-dimension index
+    lists names (as DTensor shards do); returns {name: (local values, index lists)}."""
     with torch.device("meta"):
         model = Transformer(args)
     model.to_empty(device="cpu")
     name_of = {id(p): name for name, p in model.named_parameters()}
-    local = {}
+    held = {}
 
-    def fill(param, full_value):
-        assert full_value.shape == param.shape and full_value.dtype == torch.float32
-        local[name_of[id(param)]] = full_value.chunk(world, dim=0)[rank].clone()
+    def local_coords(param):
+        coords = pick(param.shape)
+        local = torch.full([len(c) for c in coords], float("nan"))
+        held[name_of[id(param)]] = (local, coords)
+        return local, coords
 
-    model.init_weights(seed, fill=fill)
-    return local
+    model.init_weights(seed, local_coords=local_coords)
+    return held
 
 
-def test_init_with_sharding_fill():
-    """A fill that keeps a 2-way row shard (as FSDP's Shard(0) would) reproduces the unsharded init."""
+@pytest.mark.parametrize(
+    "how",
+    ["rows", "columns", "strided rows x odd columns"],
+)
+def test_init_of_a_shard_equals_that_part_of_the_full_init(how):
+    """A rank computes only the elements it holds: row chunks (FSDP/TP Shard(0)), column chunks (TP Shard(1)) and
+    non-contiguous index sets (FSDP x TP's strided shard) all reproduce those elements of the unsharded init."""
     args = tiny_args(tie_embeddings=True)
     reference = state(init_model(args, 7))
-    shards = [init_rank_shard(args, seed=7, rank=rank, world=2) for rank in range(2)]
-    assert set(shards[0]) == set(reference)  # freqs_cis is a non-persistent buffer, so not in either
-    for name in reference:
-        assert torch.equal(torch.cat([shards[0][name], shards[1][name]]), reference[name]), name
+    world = 3  # uneven: the chunks differ in size
+
+    def pick_for(rank):
+        def pick(shape):
+            coords = [torch.arange(n) for n in shape]
+            if how == "rows":
+                coords[0] = coords[0].chunk(world)[rank]
+            elif how == "columns" and len(shape) > 1:
+                coords[1] = coords[1].chunk(world)[rank]
+            elif how.startswith("strided"):
+                coords[0] = coords[0][rank::world]
+                if len(shape) > 1:
+                    coords[1] = coords[1][1::2]
+            return coords
+
+        return pick
+
+    for rank in range(world):
+        held = init_shards(args, 7, pick_for(rank))
+        assert set(held) == set(reference)  # freqs_cis is a non-persistent buffer, so not in either
+        for name, (local, coords) in held.items():
+            assert torch.equal(local, reference[name][torch.meshgrid(*coords, indexing="ij")]), (
+                how,
+                rank,
+                name,
+            )
+
+
+def sample(shape, name="a.weight", std=1.0, cutoff=math.inf, seed=0) -> torch.Tensor:
+    """Counter-based init of a whole tensor of `shape` (all coordinates), in float64 for the statistics."""
+    value = torch.empty(shape)
+    fill_normal(value, [torch.arange(n) for n in shape], seed, name, std, cutoff)
+    return value.double()
+
+
+def test_counter_normal_distribution():
+    """The counter-based generator's values are the intended distributions: mean, std, bounds, the truncated
+    normal's CDF (Kolmogorov-Smirnov), and no correlation between neighbours, rows, columns or parameters."""
+    shape = (1024, 2048)
+    n = math.prod(shape)
+    trunc = sample(shape, std=0.5, cutoff=2.0)
+    assert trunc.abs().max() <= 1.0 and trunc.abs().max() > 0.999  # cut at exactly 2 std, and reaching it
+    assert abs(trunc.mean()) < 5 * 0.44 / n**0.5  # 5 standard errors of the mean (std / sqrt(n))
+    assert abs(trunc.std() / 0.5 - 0.87962566) < 2e-3  # std of a normal truncated at +-2 std
+    phi = lambda x: 0.5 * (1 + torch.erf(torch.as_tensor(x, dtype=torch.float64) / 2**0.5))  # noqa: E731
+    cdf = (phi(trunc.flatten().sort().values / 0.5) - phi(-2.0)) / (phi(2.0) - phi(-2.0))
+    ks = (cdf - torch.arange(1, n + 1, dtype=torch.float64) / n).abs().max()
+    assert ks < 1.63 / n**0.5  # below the 1% critical value of the Kolmogorov-Smirnov statistic
+    plain = sample(shape, name="b.weight")
+    assert abs(plain.std() - 1.0) < 2e-3 and 4.5 < plain.abs().max() < 5.5  # tails end near 5.4 std
+    other_seed = sample(shape, std=0.5, cutoff=2.0, seed=1)
+
+    def corr(a, b):
+        return torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1].abs().item()
+
+    # neighbours along a row and along a column; two parameters and two seeds at the same positions
+    pairs = [(trunc[:, :-1], trunc[:, 1:]), (trunc[:-1], trunc[1:]), (trunc, plain), (trunc, other_seed)]
+    assert max(corr(a, b) for a, b in pairs) < 5 / (n / 2) ** 0.5
+    # rows are not shifted copies of each other (the final hash round), nor columns
+    assert max(corr(trunc[0], trunc[r]) for r in (1, 2, 513)) < 5 / shape[1] ** 0.5
+    assert max(corr(trunc[:, 0], trunc[:, c]) for c in (1, 2, 1025)) < 5 / shape[0] ** 0.5
+
+
+def test_counter_init_1d_and_bf16_and_non_contiguous():
+    """Any rank works (1-D here), any dtype (computed in fp32, then rounded), any memory layout (a transposed view
+    gets the values of its own coordinates)."""
+    ref = sample((64, 48), std=0.02, cutoff=2.0)
+    bf16 = torch.empty(64, 48, dtype=torch.bfloat16)
+    fill_normal(bf16, [torch.arange(64), torch.arange(48)], 0, "a.weight", 0.02, 2.0)
+    assert torch.equal(bf16, ref.to(torch.bfloat16))
+    t = torch.empty(48, 64).t()  # non-contiguous [64, 48]
+    fill_normal(t, [torch.arange(64), torch.arange(48)], 0, "a.weight", 0.02, 2.0)
+    assert torch.equal(t.double(), ref)
+    one_d = sample((1000,), name="v")
+    assert abs(one_d.mean()) < 0.2 and 0.9 < one_d.std() < 1.1 and len(set(one_d.tolist())) == 1000
+
+
+def lowbias32(x: int) -> int:
+    """The published lowbias32 with plain multiplications (Python integers do not overflow)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_mix32_is_lowbias32_without_int64_overflow():
+    """The hash on int64 tensors (products kept below 2^63) equals lowbias32 computed with exact integers."""
+    x = torch.tensor([0, 1, 2, 12345, 2**31 - 1, 2**31, 2**32 - 1], dtype=torch.int64)
+    assert mix32(x).tolist() == [lowbias32(int(v)) for v in x] == [mix32(int(v)) for v in x]
+    in_place = x.clone()  # the in-place version used per element stops before the final xorshift
+    _mix32_top_(in_place, torch.empty_like(x))
+    assert torch.equal(in_place ^ (in_place >> 16), mix32(x))
+    assert mix32(x).max() < 2**32 and mix32(x).min() >= 0
+    assert len(set(mix32(torch.arange(1 << 16)).tolist())) == 1 << 16  # a bijection: no collisions
 
 
 # ------------------------------------------------------------------------------------------------------ forward

@@ -376,6 +376,15 @@ class CheckpointManager:
                 return found[s]
         return None
 
+    def path_to_load(self) -> str | None:
+        """The checkpoint `load` will read, the same on every rank, or None for a fresh start. Known before the
+        model is initialized, so a run that resumes or starts from initial_load_path draws no random weights."""
+        if not self.c.enable and self.c.initial_load_path is None:
+            return None
+        picked = [self._pick() if self.rank == 0 and self.c.enable else None]
+        dist.broadcast_object_list(picked, src=0)
+        return picked[0] or self.c.initial_load_path
+
     def load(self) -> tuple[int, int]:
         """Resume if there is something to resume from; returns (step, tokens_seen), (0, 0) for a fresh start."""
         if not self.c.enable and self.c.initial_load_path is None:

@@ -111,3 +111,32 @@ def clip_grad_norm_(parameters, max_norm: float, pp_mesh=None) -> torch.Tensor:
         for group in groups.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total
+
+
+@torch.no_grad()
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Allocate AdamW's state now (zeros, step 0), as its first step would lazily, so that step 1 does not pay for
+    it and the time is reported in the run header. A checkpoint load then fills the same tensors.
+
+    Mirrors torch.optim.Adam._init_group (tests/test_optim.py compares against a real first step): `step` lives on
+    the parameter's device for fused/capturable AdamW, else on the CPU.
+    """
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return  # another optimizer keeps its lazy initialization
+    for group in optimizer.param_groups:
+        on_device = group["fused"] or group["capturable"]
+        for p in group["params"]:
+            if not p.requires_grad or optimizer.state[p]:
+                continue
+            state = optimizer.state[p]
+            if on_device:
+                state["step"] = torch.zeros(
+                    (), dtype=_get_scalar_dtype(is_fused=group["fused"]), device=p.device
+                )
+            else:
+                state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
+            names = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
+            for name in names:
+                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)

@@ -30,14 +30,16 @@ from torchtitan.checkpoint import (
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
 from torchtitan.errors import UserError
+from torchtitan.host_sync import StepChecks, forbid_syncs, to_host
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, resolve_peak
 from torchtitan.models import get_model_class, model_args_from_config
-from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_, init_optimizer_state
 from torchtitan.parallel import (
     ParallelDims,
-    fill_shard,
     init_distributed,
+    local_coords,
+    materialize,
     parallelize,
     pick_device,
     pipeline_forward_backward,
@@ -50,6 +52,7 @@ from torchtitan.parallel.context import build_cp_context
 from torchtitan.parallel.distributed import check_node_count, launch_world
 from torchtitan.profiling import Profiler
 from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
+from torchtitan.runtime_env import set_env_defaults
 from torchtitan.watchdog import Watchdog, comm_failure_message, die, hook_stall, is_comm_failure
 
 
@@ -95,6 +98,7 @@ def forward_backward(
 
 
 def train(cfg: JobConfig) -> int:
+    started = time.perf_counter()
     # ---- build -------------------------------------------------------------------------------------------------
     # A world that does not match the config fails here with both numbers, before any rank waits for another.
     check_node_count(cfg.job.expected_nodes)
@@ -102,6 +106,9 @@ def train(cfg: JobConfig) -> int:
     dump = cfg.job.dump_folder
     init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
     device = pick_device()
+    env_defaults = set_env_defaults(
+        cfg, device.type
+    )  # NCCL error handling/dumps, cuBLAS determinism: before they start
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
     if dims.pp_enabled:  # and every pipeline constraint (stages, schedule, micro-batches)
@@ -150,17 +157,14 @@ def train(cfg: JobConfig) -> int:
         del model  # the stages are deep copies; the full meta model is no longer needed
     else:
         model_parts = [parallelize(model, dims, cfg)]
-    # With CPU offload FSDP keeps the sharded parameters in CPU memory and copies them to the GPU per block.
-    init_device = "cpu" if cfg.parallelism.fsdp_cpu_offload else device
-    for part in model_parts:
-        part.to_empty(device=init_device)
-        part.init_weights(cfg.training.seed, fill=fill_shard)
+    for part in model_parts:  # allocate this rank's shards (uninitialized) and compute the RoPE table
+        materialize(part, device, cpu_offload=cfg.parallelism.fsdp_cpu_offload)
         part.train()
 
+    t = cfg.training
     optimizer = build_optimizer(model_parts, cfg)
     precompute_float8_scales = build_scale_precompute(cfg)
     scheduler = build_lr_scheduler(optimizer, cfg)
-    t = cfg.training
     dataloader = build_dataloader(
         dataset=cfg.data.dataset,
         dataset_path=cfg.data.dataset_path,
@@ -183,15 +187,27 @@ def train(cfg: JobConfig) -> int:
         dims, cfg.parallelism.context_parallel_rotate_method, model_parts, t.seq_len
     )
 
-    # ---- checkpoint: seed mode, or resume (before the metrics, which continue the curves at the resumed step) --
+    # ---- initialize or load (before the metrics, which continue the curves at the resumed step) ----------------
     ckpt = CheckpointManager(
         cfg, model_parts, optimizer, scheduler, dataloader, rank=rank, dp_rank=dp_rank, dp=dims.dp
     )
+    # A run that resumes, or starts from initial_load_path, draws no random weights: the load overwrites them all.
+    load_from = None if cfg.checkpoint.create_seed_checkpoint else ckpt.path_to_load()
+    init_start = time.perf_counter()
+    if load_from is None:  # each rank computes only the elements it holds, on its device (docs/model.md)
+        for part in model_parts:
+            part.init_weights(t.seed, local_coords=local_coords)
+    init_s = time.perf_counter() - init_start
     if cfg.checkpoint.create_seed_checkpoint:
         ckpt.save(0, 0, kind="seed")
         logger.info("seed checkpoint written; exiting (checkpoint.create_seed_checkpoint)")
         return 0
+    optim_start = time.perf_counter()
+    init_optimizer_state(optimizer)  # here, not hidden inside the first step
+    optim_s = time.perf_counter() - optim_start
     start_step, tokens_seen = ckpt.load()
+    if load_from is not None and ckpt.loaded_path is None:
+        raise RuntimeError(f"checkpoint {load_from} was picked but not loaded: the weights are uninitialized")
 
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
     compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
@@ -218,7 +234,12 @@ def train(cfg: JobConfig) -> int:
         + ("causal attention halved" if cfg.metrics.causal_flops else "full attention, 6N + 12*L*H*D*S")
         + ")",
         f"MFU peak: {metrics.peak.bf16_tflops:.2f} TFLOPS per device from {metrics.peak.source}",
+        "startup: "
+        + (f"weights loaded from {load_from}" if load_from else f"weights initialized in {init_s:.2f} s")
+        + f", optimizer state allocated in {optim_s:.2f} s, {time.perf_counter() - started:.1f} s since start",
     ]
+    if env_defaults:
+        header.append("environment defaults: " + " ".join(f"{k}={v}" for k, v in env_defaults.items()))
     if fp8_flops_per_token:
         header.append(metrics.float8_header())
     for line in header:
@@ -229,7 +250,10 @@ def train(cfg: JobConfig) -> int:
     if t.gc_freq > 0:
         gc.disable()
         gc.collect(1)
-    set_collective_timeout(cfg.comm.train_timeout_seconds)
+    # Every process group (default, mesh sub-groups, checkpoint) waits up to the init timeout in the first step
+    # (compile, warm-up, lazy init); the training timeout takes over once it has completed.
+    set_collective_timeout(cfg.comm.init_timeout_seconds)
+    checks = StepChecks(device)
     nan_step = nan_hook_step()
     watchdog = Watchdog(cfg.comm.watchdog_timeout_seconds, cfg.comm.init_timeout_seconds, rank)
 
@@ -239,6 +263,9 @@ def train(cfg: JobConfig) -> int:
     for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
+        # Check steps read device values on the host and agree across ranks; the others never wait for the device.
+        check_step = t.skip_nonfinite_steps or metrics.should_log(step) or ckpt.should_save(step, t.steps)
+        forbid_syncs(not check_step, device)  # test hook: on CUDA, a sync outside check steps raises
         hook_stall(step, rank)
         optimizer.zero_grad(set_to_none=True)
         loss, data_time = torch.zeros((), device=device), 0.0
@@ -261,19 +288,21 @@ def train(cfg: JobConfig) -> int:
             t.max_norm,
             pp_mesh=dims.mesh("pp") if dims.pp_enabled else None,
         )
-        # One tiny all-reduce per step: ranks agree on "non-finite" and "preemption signal received", so all of
-        # them skip/stop/save at the same step. Checked before optimizer.step: NaN never reaches the weights.
-        bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float().cpu()
-        flags = torch.stack([bad, torch.tensor(float(preempt.signum))])
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        if flags[0] > 0:
-            what = f"loss {loss.item():.4g}, grad norm {grad_norm.item():.4g} on rank {rank}"
+        # Non-finite values are remembered on the device every step and read on check steps, where all ranks also
+        # agree on a preemption signal (one tiny all-reduce), so they skip/stop/save at the same step. Save steps
+        # are check steps and the check comes before optimizer.step: a NaN never reaches a checkpoint.
+        checks.record(step, loss, grad_norm)
+        bad_step, signum = checks.agree(preempt.signum) if check_step else (0, 0)
+        if bad_step:
+            loss_now, norm_now = to_host(loss, grad_norm)
+            now = f"loss {loss_now:.4g}, grad norm {norm_now:.4g} on rank {rank}"
             if not t.skip_nonfinite_steps:
+                found = f", found at check step {step}" if bad_step != step else ""
                 raise NonFiniteError(
-                    f"non-finite loss or grad norm at step {step} ({what}); stopped without saving, the last"
-                    " checkpoint is untouched (training.skip_nonfinite_steps=true skips such steps)"
+                    f"non-finite loss or grad norm at step {bad_step} ({now}{found}); stopped without saving, the"
+                    " last checkpoint is untouched (training.skip_nonfinite_steps=true skips such steps)"
                 )
-            logger.warning(f"step {step}: non-finite loss or grad norm ({what}); step skipped, grads zeroed")
+            logger.warning(f"step {step}: non-finite loss or grad norm ({now}); step skipped, grads zeroed")
             optimizer.zero_grad(set_to_none=True)
         else:
             optimizer.step()
@@ -288,7 +317,6 @@ def train(cfg: JobConfig) -> int:
             logger.info(metrics.last_line)
         profiler.step()
         fault_hook("step_end", step, rank, before=ckpt.wait)
-        signum = int(flags[1])
         if ckpt.should_save(step, t.steps) or (signum and cfg.checkpoint.enable):
             last = step == t.steps and cfg.checkpoint.last_save_model_only
             ckpt.save(step, tokens_seen, kind="export" if last else "full")
@@ -307,6 +335,12 @@ def train(cfg: JobConfig) -> int:
                 f"signal {signum} received: checkpoint saved at step {step}; exiting {EXIT_PREEMPTED}"
             )
             return EXIT_PREEMPTED
+        if step == start_step + 1:
+            set_collective_timeout(cfg.comm.train_timeout_seconds)
+            logger.info(
+                f"first step done {time.perf_counter() - started:.1f} s after start; collective timeout now"
+                f" {cfg.comm.train_timeout_seconds} s (comm.train_timeout_seconds)"
+            )
         # Last in the step: anything slow at its end (a checkpoint save) counts as part of this step.
         watchdog.beat(step)
 

@@ -101,7 +101,9 @@ def _dump_nccl_flight_recorder(folder: str) -> None:
         logger.warning("NCCL flight recorder not available in this torch build")
         return
     rank = os.environ.get("RANK", "0")
-    path = os.path.join(folder, f"nccl_trace_rank{rank}.pkl")
+    # the file NCCL's own dump on a collective timeout writes too (torchtitan/runtime_env.py sets the prefix)
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.path.join(folder, "nccl_trace_rank")
+    path = f"{prefix}{rank}"
     try:
         with open(path, "wb") as f:
             f.write(_dump_nccl_trace())

@@ -18,8 +18,9 @@ from torchtitan.models import get_model_class, model_args_from_config
 from torchtitan.optim import clip_grad_norm_
 from torchtitan.parallel import (
     ParallelDims,
-    fill_shard,
     init_distributed,
+    local_coords,
+    materialize,
     parallelize,
     pipeline_parallelize,
     plan_pipeline,
@@ -48,8 +49,8 @@ def main():
     else:
         parts = [parallelize(model, dims, cfg)]
     for part in parts:
-        part.to_empty(device=device)
-        part.init_weights(cfg.training.seed, fill=fill_shard)
+        materialize(part, device)
+        part.init_weights(cfg.training.seed, local_coords=local_coords)
     loader = build_dataloader(
         dataset=cfg.data.dataset,
         dataset_path=None,

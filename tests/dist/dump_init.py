@@ -1,8 +1,12 @@
-"""Build the debug model in the layout given on the command line, initialize it, save the FULL weights (rank 0).
+"""Build the debug model in the layout given on the command line, initialize it, save the FULL weights.
 
     torchrun --nproc_per_node 2 tests/dist/dump_init.py OUT.pt [--section.key=value ...]
+
+Every rank writes the full (gathered over FSDP/TP) values of the parameters it holds to OUT.pt.<rank>; the test
+merges them by name, so pipeline stages on different ranks together give the whole model.
 """
 
+import functools
 import sys
 
 import torch
@@ -10,7 +14,16 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.config import parse_args
 from torchtitan.models import get_model_class, model_args_from_config
-from torchtitan.parallel import ParallelDims, fill_shard, init_distributed, parallelize
+from torchtitan.parallel import (
+    ParallelDims,
+    init_distributed,
+    local_coords,
+    materialize,
+    parallelize,
+    pipeline_parallelize,
+    plan_pipeline,
+)
+from torchtitan.train import cross_entropy_loss
 
 
 def main():
@@ -20,14 +33,22 @@ def main():
     rank, world = init_distributed(device, 60)
     dims = ParallelDims.from_config(cfg.parallelism, world)
     dims.build_mesh("cpu")
+    args = model_args_from_config(cfg.model, cfg.training.seq_len)
     with torch.device("meta"):
-        model = get_model_class(cfg.model.name)(model_args_from_config(cfg.model, cfg.training.seq_len))
-    model = parallelize(model, dims, cfg)
-    model.to_empty(device=device)
-    model.init_weights(cfg.training.seed, fill=fill_shard)
-    full = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
-    if rank == 0:
-        torch.save(full, out)
+        model = get_model_class(cfg.model.name)(args)
+    if dims.pp_enabled:
+        plan = plan_pipeline(cfg.parallelism, args.n_layers, cfg.training.local_batch_size)
+        loss_fn = functools.partial(cross_entropy_loss, global_tokens=1)
+        _, parts, _, _ = pipeline_parallelize(model, plan, dims, cfg, device, loss_fn)
+    else:
+        parts = [parallelize(model, dims, cfg)]
+    full = {}
+    for part in parts:
+        materialize(part, device)
+        part.init_weights(cfg.training.seed, local_coords=local_coords)
+        for k, v in part.state_dict().items():
+            full[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+    torch.save(full, f"{out}.{rank}")
     torch.distributed.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
     torch.distributed.destroy_process_group()
 

@@ -15,6 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from torchtitan.host_sync import to_host
+
 from .hardware import PeakFlops
 from .memory import MemoryMonitor
 from .sinks import JsonlSink, TensorBoardSink, format_line
@@ -151,7 +153,7 @@ class MetricsProcessor:
         if self.dims.cp_enabled:
             # Under context parallel each cp rank holds the loss of its share of the sequence: add them up.
             dist.all_reduce(loss_value, op=dist.ReduceOp.SUM, group=self.dims.mesh("cp").get_group())
-        loss_value = loss_value.item()
+        loss_value, grad_norm_value = to_host(loss_value, grad_norm)  # the log step's one device read
         sums = torch.tensor([loss_value, local_rate], dtype=torch.float64)
         maxes = torch.tensor([loss_value], dtype=torch.float64)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=dp_mesh.get_group())
@@ -162,7 +164,7 @@ class MetricsProcessor:
         m: dict[str, float] = {
             "loss/global_avg": sums[0].item() / self.dims.dp,
             "loss/global_max": maxes[0].item(),
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm_value,
             "lr": lr,
         }
         m.update(

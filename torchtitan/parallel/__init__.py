@@ -1,13 +1,14 @@
 """Parallelism applied to an already-built model. The model itself knows nothing about any of it.
 
-`parallelize` applies the techniques in one fixed order; `init_weights_distributed` gives every rank its shard
-of the layout-independent initial weights.
+`parallelize` applies the techniques in one fixed order; `materialize` allocates the parallelized model and
+`local_coords` tells the layout-independent init which elements of each parameter this rank holds.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from torchtitan.quantize.float8 import convert_to_float8
 
@@ -25,7 +26,8 @@ __all__ = [
     "pick_device",
     "set_collective_timeout",
     "parallelize",
-    "fill_shard",
+    "local_coords",
+    "materialize",
     "pipeline_parallelize",
     "pipeline_forward_backward",
     "plan_pipeline",
@@ -85,18 +87,44 @@ def pipeline_parallelize(model: torch.nn.Module, plan, dims: ParallelDims, cfg, 
     )
 
 
-@torch.no_grad()
-def fill_shard(param: torch.Tensor, full_value: torch.Tensor) -> None:
-    """Copy this rank's part of a parameter's full (unsharded) initial value into it.
+def local_coords(param: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """This process's part of `param` and, per dimension, the indices in the full parameter that part covers.
 
-    `distribute_tensor(..., src_data_rank=None)` slices locally with the same chunking the sharded parameter
-    uses, so no communication happens and every layout ends up holding pieces of the same full tensor.
+    The init (`Transformer.init_weights(seed, local_coords=local_coords)`) then computes exactly those elements.
+    A Shard-type placement splits one dimension, so a DTensor's local shard is always the cartesian product of
+    per-dimension index sets. Each set comes from distributing the small vector arange(size of that dimension)
+    with the parameter's own placements moved onto it (Shard(d)/_StridedShard(d) of this dimension -> dim 0, other
+    dimensions' shards -> Replicate): torch's own chunking decides, for FSDP Shard(0), TP Shard(0)/Shard(1), the
+    strided FSDP x TP shard and uneven splits alike, at a cost of sum(shape) elements, not prod(shape), and without
+    communication (src_data_rank=None slices locally).
     """
-    if isinstance(param, DTensor):
-        full_value = full_value.to(device=param.device, dtype=param.dtype)
-        local = distribute_tensor(
-            full_value, param.device_mesh, param.placements, src_data_rank=None
-        ).to_local()
-        param.to_local().copy_(local)
-    else:
-        param.copy_(full_value)
+    if not isinstance(param, DTensor):
+        return param, [torch.arange(n, device=param.device) for n in param.shape]
+    local = param.to_local()
+    coords = []
+    for dim, size in enumerate(param.shape):
+        along = [_placement_along(p, dim) for p in param.placements]
+        index = torch.arange(size, device=local.device)
+        coords.append(distribute_tensor(index, param.device_mesh, along, src_data_rank=None).to_local())
+    return local, coords
+
+
+def _placement_along(placement, dim: int):
+    """`placement` of a parameter, seen from the 1-D vector of its dimension `dim`'s indices."""
+    if isinstance(placement, _StridedShard):  # before Shard: in some torch versions it subclasses Shard
+        return _StridedShard(0, split_factor=placement.split_factor) if placement.dim == dim else Replicate()
+    if isinstance(placement, Shard):
+        return Shard(0) if placement.dim == dim else Replicate()
+    if placement.is_replicate():
+        return Replicate()
+    raise ValueError(f"local_coords: parameter placement {placement} is not a shard or a replica")
+
+
+def materialize(model: torch.nn.Module, device: torch.device, cpu_offload: bool = False) -> None:
+    """Allocate a meta-device model's storage (uninitialized) and compute its RoPE table on `device`.
+
+    Under FSDP CPU offload the parameters live in CPU memory (FSDP copies each block to the GPU itself), but
+    buffers are not FSDP's: the RoPE table must be on the compute device, or the first forward mixes devices.
+    """
+    model.to_empty(device="cpu" if cpu_offload else device)
+    model.init_buffers(device)

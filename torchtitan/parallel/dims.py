@@ -165,6 +165,26 @@ class ParallelDims:
                 f" {self.dp} = {micro} (sequences per micro-step); use {lower} or {lower + micro}"
                 f" (or -1 for no accumulation)"
             )
+        f8 = cfg.float8
+        if f8.enable and not f8.emulate:
+            # The weight-gradient matmul of a float8 linear contracts over the micro-batch's tokens, and
+            # torch._scaled_mm needs every contracted dimension divisible by 16. Those tokens are the
+            # (pipeline) micro-batch's sequences x seq_len / cp; sequence parallel does not split them (the
+            # TP linears all-gather the sequence first).
+            mbs = p.pipeline_parallel_microbatch_size if self.pp > 1 else t.local_batch_size
+            tokens = mbs * t.seq_len // self.cp
+            if tokens % 16:
+                batch = (
+                    "parallelism.pipeline_parallel_microbatch_size"
+                    if self.pp > 1
+                    else "training.local_batch_size"
+                )
+                split = f" / context_parallel_degree {self.cp}" if self.cp > 1 else ""
+                raise UserError(
+                    f"float8: {batch}={mbs} x training.seq_len={t.seq_len}{split} = {tokens} tokens per micro-batch"
+                    f" and rank is not divisible by 16, which float8 matmuls (torch._scaled_mm) need; make"
+                    f" {batch} x seq_len a multiple of {16 * self.cp} (or set float8.enable=false)"
+                )
         if p.fsdp_cpu_offload and device_type == "cpu":
             raise UserError(
                 "parallelism.fsdp_cpu_offload=true needs CUDA (on CPU everything already lives in CPU memory);"

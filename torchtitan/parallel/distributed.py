@@ -123,8 +123,18 @@ def init_distributed(device: torch.device, init_timeout_seconds: int) -> tuple[i
 
 
 def set_collective_timeout(seconds: int) -> None:
-    """Switch the default group from the init timeout to the (usually shorter) training-step timeout."""
-    # _set_pg_timeout is the only way torch offers to change a live group's timeout (torch >= 2.3).
-    from torch.distributed.distributed_c10d import _set_pg_timeout
+    """Give every process group this process belongs to the timeout `seconds`.
 
-    _set_pg_timeout(datetime.timedelta(seconds=seconds))
+    That is the default group, every device-mesh group (dp, fsdp, tp, pp, cp and their flattened views: torch
+    creates them with its own 10 min NCCL / 30 min gloo default, not the default group's timeout) and any other
+    group created so far (the checkpoint's async gloo group). The trainer applies the init timeout before the first
+    step and the training timeout after it. A group's timeout bounds each collective issued after the change.
+    """
+    # _set_pg_timeout is the only way torch offers to change a live group's timeout (torch >= 2.3); _world.pg_map
+    # holds every group this process created and is a member of.
+    from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout, _world
+
+    timeout = datetime.timedelta(seconds=seconds)
+    for group in list(_world.pg_map):
+        if not _rank_not_in_group(group):
+            _set_pg_timeout(timeout, group)

@@ -8,7 +8,7 @@ materialize -> initialize:
         model = Transformer(args)
     ...parallelize...
     model.to_empty(device="cuda")
-    model.init_weights(seed, fill=None)   # fill: how a full value becomes this process's local part
+    model.init_weights(seed)              # local_coords: which elements this process holds (default: all)
 
 Things the parallel code may rely on:
   * `layers` is an nn.ModuleDict keyed "0".."n-1", so a pipeline stage can delete layers and keep FQNs.
@@ -21,13 +21,13 @@ Things the parallel code may rely on:
 
 import math
 import re
-import zlib
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtitan.models.counter_init import fill_normal, full_coords
 from torchtitan.models.llama3.args import ModelArgs, RopeScaling
 
 # --------------------------------------------------------------------------------------------------------- RoPE
@@ -162,7 +162,8 @@ class TransformerBlock(nn.Module):
 _WRAPPER_INFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 _LAYER_WEIGHT = re.compile(r"layers\.(\d+)\.(attention|feed_forward)\.(wq|wk|wv|wo|w1|w2|w3)\.weight")
 
-Fill = Callable[[torch.Tensor, torch.Tensor], None]
+# local_coords(param) -> (the tensor this process holds of `param`, per dimension the global indices it covers)
+LocalCoords = Callable[[torch.Tensor], tuple[torch.Tensor, list[torch.Tensor]]]
 
 
 def normalize_fqn(fqn: str) -> str:
@@ -170,13 +171,6 @@ def normalize_fqn(fqn: str) -> str:
     for infix in _WRAPPER_INFIXES:
         fqn = fqn.replace(infix, "")
     return fqn
-
-
-def copy_full(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Default `fill`: the parameter is unsharded, so it takes the whole value."""
-    if hasattr(param, "device_mesh"):
-        raise TypeError("init_weights: parameter is a DTensor; pass a fill that keeps the local shard")
-    param.copy_(full)
 
 
 # -------------------------------------------------------------------------------------------------------- model
@@ -240,28 +234,16 @@ class Transformer(nn.Module):
         depth = int(m.group(1)) + 1 if args.depth_init else args.n_layers
         return "trunc_normal", 0.02 / math.sqrt(2 * depth), 2.0
 
-    def init_value(self, fqn: str, shape: torch.Size, seed: int) -> torch.Tensor:
-        """The full (unsharded) initial value of parameter `fqn`, fp32 on CPU; a function of (seed, fqn) only."""
-        fqn = normalize_fqn(fqn)
-        kind, std, cutoff = self._init_rule(fqn)
-        if kind == "ones":
-            return torch.ones(shape, device="cpu", dtype=torch.float32)
-        gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(f"{seed}/{fqn}".encode()))
-        value = torch.empty(shape, device="cpu", dtype=torch.float32)
-        if kind == "normal":
-            return value.normal_(0.0, std, generator=gen)
-        return nn.init.trunc_normal_(value, 0.0, std, -cutoff * std, cutoff * std, generator=gen)
-
     @torch.no_grad()
-    def init_weights(self, seed: int = 0, fill: Fill | None = None) -> None:
-        """Initialize every parameter (and recompute freqs_cis) independently of the parallel layout.
+    def init_weights(self, seed: int = 0, local_coords: LocalCoords | None = None) -> None:
+        """Initialize every parameter (and the RoPE buffer) independently of the parallel layout.
 
-        Each parameter's full value is drawn on CPU in fp32 from a generator seeded with
-        crc32(f"{seed}/{fqn}"), where fqn is the parameter name with wrapper infixes removed, and handed to
-        fill(param, full_value), which copies the part this process owns (default: all of it). So for one seed
-        the full weights are identical whatever the sharding, wrapping, or which layers a pipeline stage kept.
-        The cost is generating each full tensor on every process: fine up to ~70B; beyond, a seed checkpoint
-        is cheaper.
+        Every element's value is a pure function of (seed, normalized parameter name, the element's coordinates in
+        the full parameter): a counter-based generator (torchtitan/models/counter_init.py), so a process
+        computes only the elements it holds, on the device they live on, and for one seed the full weights are
+        identical whatever the sharding, wrapping, or which layers a pipeline stage kept.
+        `local_coords(param)` says which elements those are (default: all; torchtitan.parallel.local_coords
+        reads a DTensor's placements). The name is the parameter's FQN with wrapper infixes removed.
 
         Scheme (std; trunc_normal cuts at +-cutoff*std):
           tok_embeddings            normal, std 1.0
@@ -271,8 +253,21 @@ class Transformer(nn.Module):
           output                    trunc_normal, std dim**-0.5, cutoff 3
           RMSNorm weights           ones
         """
-        fill = fill or copy_full
+        local_coords = local_coords or full_coords
         for fqn, param in self.named_parameters():  # modules set to None are simply absent
-            fill(param, self.init_value(fqn, param.shape, seed))  # DTensor .shape is the global shape
-        # to_empty() left the buffer uninitialized
-        self.freqs_cis.copy_(precompute_freqs_cis(self.args).to(self.freqs_cis.device))
+            fqn = normalize_fqn(fqn)
+            kind, std, cutoff = self._init_rule(fqn)
+            local, coords = local_coords(param)
+            if kind == "ones":
+                local.fill_(1.0)
+            else:
+                fill_normal(local, coords, seed, fqn, std, cutoff)
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self, device: torch.device | str | None = None) -> None:
+        """Compute the RoPE table (not persistent: neither initialized randomly nor loaded) on `device` (default:
+        where the buffer is). to_empty() leaves it uninitialized, so a run that loads a checkpoint calls this too.
+        """
+        device = self.freqs_cis.device if device is None else device
+        self.freqs_cis = precompute_freqs_cis(self.args).to(device)

@@ -1,0 +1,64 @@
+"""Where the training loop lets the host wait for the device, and nowhere else.
+
+Reading a device value on the host (`.item()`, `.cpu()`, `float(t)`) waits until the device has finished all work
+queued before it, so the host stops running ahead and the next step starts with an idle GPU. The loop therefore
+reads device values only on *check steps*: log steps (step 1, every metrics.log_freq-th, the last), checkpoint
+steps, and every step when training.skip_nonfinite_steps is on. Every such read goes through `to_host`, which
+counts its calls (tests assert there are none on other steps), and on CUDA the test hook
+TORCHTITAN_TEST_SYNC_DEBUG=1 turns any synchronization on the other steps into an error
+(torch.cuda.set_sync_debug_mode).
+
+`StepChecks` carries what used to need a read and a collective every step:
+  * non-finite loss or gradient norm: each step folds it into a device-side "first bad step" (no sync); check
+    steps read it, so a NaN is found at the latest at the next check step, and since checkpoint steps are check
+    steps, a NaN never reaches a checkpoint (docs/launching.md: "Non-finite losses").
+  * preemption: a signal only sets a flag; on check steps all ranks combine both flags in one tiny all-reduce, so
+    every rank stops (and saves) at the same step, at most metrics.log_freq steps after the signal.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+reads = 0  # calls of to_host since the process started
+
+
+def to_host(*tensors: torch.Tensor) -> list[float]:
+    """The values of these scalar tensors on the host, read with one synchronization."""
+    global reads
+    reads += 1
+    return torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).tolist()
+
+
+def forbid_syncs(forbid: bool, device: torch.device) -> None:
+    """Test hook TORCHTITAN_TEST_SYNC_DEBUG=1 (CUDA only): any host-device sync while `forbid` raises an error."""
+    if device.type == "cuda" and os.environ.get("TORCHTITAN_TEST_SYNC_DEBUG") == "1":
+        torch.cuda.set_sync_debug_mode("error" if forbid else "default")
+
+
+class StepChecks:
+    """Non-finite detection without a per-step sync, and agreement of all ranks on check steps."""
+
+    def __init__(self, device: torch.device):
+        # the first step since the last check whose loss or gradient norm was not finite; 0 = none
+        self.first_bad = torch.zeros((), dtype=torch.int64, device=device)
+
+    def record(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Every step, on the device: remember the step if its loss or grad norm is NaN/inf (no host read)."""
+        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        self.first_bad.masked_fill_(bad & (self.first_bad == 0), step)
+
+    def agree(self, signum: int) -> tuple[int, int]:
+        """On check steps, on every rank: (first non-finite step on any rank or 0, preemption signal on any rank
+        or 0). One host read and one 2-element all-reduce over the world (gloo on CPU tensors)."""
+        (first,) = to_host(self.first_bad)
+        self.first_bad.zero_()
+        # MAX of -first picks the earliest bad step; ranks without one send -inf
+        flags = torch.tensor([-first if first else -float("inf"), float(signum)], dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        first_any, signum_any = flags.tolist()
+        return (0 if first_any == -float("inf") else int(-first_any)), int(signum_any)

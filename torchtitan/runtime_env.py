@@ -1,0 +1,52 @@
+"""Environment variables the trainer sets for NCCL and cuBLAS before they start, only where the user has not.
+
+Each is read once, when the library starts (NCCL: when a process group is created; cuBLAS: at its first handle),
+so `set_env_defaults` runs at the top of the trainer. A variable already in the environment is left alone,
+whatever its value. docs/launching.md explains each choice and what a user sees when a collective fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+# NCCL on a timed-out or failed collective (values of TORCH_NCCL_ASYNC_ERROR_HANDLING in torch's
+# ProcessGroupNCCL.hpp: 0 no handling, 1 abort communicators and tear down the process, 2 only abort the
+# communicators, 3 tear down without aborting; torch's default is 3). With 2 the process lives on and the
+# training thread's next use of the aborted communicator raises DistBackendError ("NCCL communicator was aborted
+# on rank R. ... Watchdog caught collective operation timeout ..."), which the trainer turns into its one-line
+# "rank R: collective failed in step S" message and exit code 3, like a gloo timeout. TORCH_NCCL_BLOCKING_WAIT is
+# deliberately NOT set: it makes every wait() block the host until the collective finishes, i.e. a host-device
+# sync per collective.
+NCCL_ERROR_HANDLING = "2"
+FLIGHT_RECORDER_EVENTS = "2000"  # collectives remembered per process group for the dump
+CUBLAS_DETERMINISTIC = ":4096:8"  # the workspace setting cuBLAS documents for reproducible results
+
+
+def set_env_defaults(cfg, device_type: str) -> dict[str, str]:
+    """Set the defaults below that are not set yet; returns what was set (for the run header).
+
+    CUDA: NCCL error handling (above), a flight-recorder dump on timeout into <dump_folder>/logs/nccl_trace_rank<R>
+    (torch >= 2.11 reads TORCH_FR_*; the TORCH_NCCL_* spellings are the older names of the same settings).
+    training.deterministic: CUBLAS_WORKSPACE_CONFIG, without which deterministic cuBLAS matmuls raise an error.
+    """
+    wanted: list[tuple[tuple[str, ...], str]] = []
+    if device_type == "cuda":
+        trace = os.path.abspath(os.path.join(cfg.job.dump_folder, "logs", "nccl_trace_rank"))
+        os.makedirs(os.path.dirname(trace), exist_ok=True)
+        wanted += [
+            (("TORCH_NCCL_ASYNC_ERROR_HANDLING",), NCCL_ERROR_HANDLING),
+            (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
+            (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), FLIGHT_RECORDER_EVENTS),
+            (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), trace),
+        ]
+    if cfg.training.deterministic:
+        wanted.append((("CUBLAS_WORKSPACE_CONFIG",), CUBLAS_DETERMINISTIC))
+    done = {}
+    for names, value in wanted:
+        if not any(
+            name in os.environ for name in names
+        ):  # the user set this setting under some name: keep it
+            for name in names:
+                os.environ[name] = value
+                done[name] = value
+    return done
