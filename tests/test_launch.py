@@ -95,15 +95,36 @@ def test_stalled_step_watchdog_dumps_stacks_and_exits(tmp_path):
     assert "exitcode  : 3" in r.stderr or "exitcode: 3" in r.stderr.replace(" ", "")
 
 
-def test_collective_timeout_names_rank_and_last_step(tmp_path):
-    # Watchdog off: the training-step collective timeout fires on rank 0 and says where it was.
+def test_subgroup_collective_timeout_names_rank_and_last_step(tmp_path):
+    """A hang in a mesh SUB-group's collective (FSDP 2 x TP 2: the tp and fsdp groups are not the default group)
+    fails within the training timeout, which every process group gets after the first step; watchdog off."""
     env = train_env(TORCHTITAN_TEST_STALL_AT_STEP="2", TORCHTITAN_TEST_RANK="1", LOG_RANK="all")
     args = TINY + [
         f"--job.dump_folder={tmp_path}",
         "--training.steps=4",
+        "--parallelism.tensor_parallel_degree=2",
         "--comm.watchdog_timeout_seconds=0",
         "--comm.train_timeout_seconds=5",
     ]
-    r = run_train(2, args, env=env, timeout=400)
+    r = run_train(4, args, env=env, timeout=400)
     assert r.returncode != 0
     assert "rank 0: collective failed in step 2 (last completed step 1)" in r.stderr
+    assert "5000ms" in r.stderr  # gloo names the timeout that fired: the training one, not the 30 min default
+
+
+def test_first_step_runs_under_the_init_timeout(tmp_path):
+    """Step 1 (compile, warm-up, lazy init) may take longer than the training timeout: a rank 8 s late in step 1
+    is fine under the 60 s init timeout, although the training timeout is 3 s."""
+    env = train_env(
+        TORCHTITAN_TEST_STALL_AT_STEP="1", TORCHTITAN_TEST_STALL_SECONDS="8", TORCHTITAN_TEST_RANK="1"
+    )
+    args = TINY + [
+        f"--job.dump_folder={tmp_path}",
+        "--training.steps=2",
+        "--comm.watchdog_timeout_seconds=0",
+        "--comm.init_timeout_seconds=60",
+        "--comm.train_timeout_seconds=3",
+    ]
+    r = run_train(2, args, env=env, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "collective timeout now 3 s" in r.stdout + r.stderr

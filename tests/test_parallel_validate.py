@@ -125,3 +125,41 @@ def test_preflight_runs_the_same_checks():
         check_mesh(parse_args([*DEBUG, "--parallelism.pipeline_parallel_degree=8"]), 8)  # 6 layers < 8 stages
     assert preflight(["--world_size=8", *DEBUG, "--parallelism.tensor_parallel_degree=8"]) == 2
     assert preflight(["--world_size=4", *DEBUG, "--parallelism.tensor_parallel_degree=2"]) == 0
+
+
+def test_float8_micro_batch_tokens_must_be_divisible_by_16(capsys):
+    """torch._scaled_mm contracts over the micro-batch's tokens in the weight-gradient GEMM: checked before any
+    allocation (one line, exit 2 from preflight), with context parallel's split and PP's micro-batch size."""
+    f8 = ["--float8.enable=true"]
+    with pytest.raises(UserError) as e:
+        check(1, *f8, "--training.local_batch_size=1", "--training.seq_len=40")
+    assert str(e.value).startswith(
+        "float8: training.local_batch_size=1 x training.seq_len=40 = 40 tokens per micro-batch and rank is not"
+        " divisible by 16"
+    )
+    with pytest.raises(UserError, match=r"seq_len=48 / context_parallel_degree 2 = 24 tokens"):
+        check(
+            2,
+            *f8,
+            "--training.local_batch_size=1",
+            "--training.seq_len=48",
+            "--parallelism.context_parallel_degree=2",
+        )
+    with pytest.raises(UserError, match="pipeline_parallel_microbatch_size=1 x training.seq_len=24"):
+        check(2, *f8, "--training.seq_len=24", "--parallelism.pipeline_parallel_degree=2")
+    check(1, *f8, "--training.local_batch_size=1", "--training.seq_len=48")  # 48 tokens: fine
+    check(
+        2,
+        *f8,
+        "--training.local_batch_size=1",
+        "--training.seq_len=64",
+        "--parallelism.context_parallel_degree=2",
+    )
+    check(
+        1, *f8, "--training.local_batch_size=1", "--training.seq_len=40", "--float8.emulate=true"
+    )  # no _scaled_mm
+    check(1, "--training.local_batch_size=1", "--training.seq_len=40")  # no float8, no constraint
+    bad = ["--world_size=1", *DEBUG, *f8, "--training.local_batch_size=1", "--training.seq_len=40"]
+    assert preflight(bad) == 2
+    printed = capsys.readouterr()
+    assert "not divisible by 16" in printed.out + printed.err

@@ -57,7 +57,9 @@ class Training:
     seq_len: int = opt(2048, "tokens per sequence")
     steps: int = opt(1000, "number of optimizer steps to train")
     seed: int = opt(0, "seed for weight init and RNG; the same seed gives the same weights in any layout")
-    deterministic: bool = opt(False, "use deterministic algorithms (slower; for debugging)")
+    deterministic: bool = opt(
+        False, "use deterministic algorithms (slower; for debugging); sets CUBLAS_WORKSPACE_CONFIG unless set"
+    )
     max_norm: float = opt(1.0, "clip gradients to this global L2 norm (<= 0 disables clipping)")
     mixed_precision_param: Literal["bfloat16", "float32"] = opt(
         "bfloat16", "dtype of parameters during forward/backward (FSDP2 MixedPrecisionPolicy)"
@@ -67,7 +69,9 @@ class Training:
         50, "run Python garbage collection every N steps (automatic GC is disabled); 0 = leave GC on"
     )
     skip_nonfinite_steps: bool = opt(
-        False, "on a NaN/inf loss or grad norm skip the optimizer step (grads zeroed) instead of stopping"
+        False,
+        "on a NaN/inf loss or grad norm skip the optimizer step (grads zeroed) instead of stopping; costs a"
+        " host-device sync and a tiny all-reduce every step (else NaN/inf is checked on log and checkpoint steps)",
     )
 
 
@@ -221,7 +225,11 @@ class Compile:
 
 @dataclass
 class Metrics:
-    log_freq: int = opt(10, "log metrics every N steps (and at step 1 and the last step)")
+    log_freq: int = opt(
+        10,
+        "log metrics every N steps (and at step 1 and the last step); NaN/inf and preemption signals are"
+        " checked on these steps and checkpoint steps",
+    )
     enable_tensorboard: bool = opt(True, "write TensorBoard event files under <dump_folder>/tb")
     enable_jsonl: bool = opt(True, "write the same numbers to <dump_folder>/metrics.jsonl")
     peak_tflops: float | None = opt(
@@ -241,8 +249,13 @@ class Profiling:
 
 @dataclass
 class Comm:
-    init_timeout_seconds: int = opt(300, "timeout for process-group init and the first collectives")
-    train_timeout_seconds: int = opt(100, "timeout for collectives during training steps")
+    init_timeout_seconds: int = opt(
+        300,
+        "timeout for process-group init, checkpoint load and every collective of the first step (all groups)",
+    )
+    train_timeout_seconds: int = opt(
+        100, "timeout for each collective on every process group once the first step has completed"
+    )
     watchdog_timeout_seconds: int = opt(
         1800,
         "dump all stacks and exit (code 3) if no step completes in this time; the first step also gets"
