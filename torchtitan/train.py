@@ -106,9 +106,8 @@ def train(cfg: JobConfig) -> int:
     dump = cfg.job.dump_folder
     init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
     device = pick_device()
-    env_defaults = set_env_defaults(
-        cfg, device.type
-    )  # NCCL error handling/dumps, cuBLAS determinism: before they start
+    # NCCL error handling and flight-recorder dumps, cuBLAS determinism: set before those libraries start
+    env_defaults = set_env_defaults(cfg, device.type)
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
     if dims.pp_enabled:  # and every pipeline constraint (stages, schedule, micro-batches)

@@ -105,8 +105,10 @@ class _Normal:
 
 
 def block_elements(device: torch.device) -> int:
-    """Elements per evaluation block: cache-sized on CPU (fewer memory passes), large on GPUs (fewer launches)."""
-    return 1 << 16 if device.type == "cpu" else 1 << 24
+    """Elements per evaluation block. CPU: 2^16 (the fastest measured on a 2-core VM: each op's 512 KiB int64
+    operands stay in cache, and 2^16 is twice torch's per-thread grain, so both threads work); GPUs: 2^22 (few
+    launches, 80 MiB of scratch)."""
+    return 1 << 16 if device.type == "cpu" else 1 << 22
 
 
 @torch.no_grad()

@@ -104,7 +104,8 @@ def local_coords(param: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]
     coords = []
     for dim, size in enumerate(param.shape):
         along = [_placement_along(p, dim) for p in param.placements]
-        index = torch.arange(size, device=local.device)
+        # on the mesh's device: under FSDP CPU offload the values are computed on the GPU, then copied to the CPU
+        index = torch.arange(size, device=param.device_mesh.device_type)
         coords.append(distribute_tensor(index, param.device_mesh, along, src_data_rank=None).to_local())
     return local, coords
 
