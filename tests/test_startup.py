@@ -119,6 +119,8 @@ def test_materialize_puts_rope_on_the_compute_device_under_cpu_offload(monkeypat
 def test_environment_defaults(tmp_path, monkeypatch):
     """NCCL error handling, the flight recorder dump into the run's log folder, and CUBLAS_WORKSPACE_CONFIG for
     deterministic runs: set when absent, and a user's own value (under either name) is kept."""
+    # set_env_defaults writes os.environ directly: give it a copy, so nothing leaks into later tests' subprocesses
+    monkeypatch.setattr(os, "environ", os.environ.copy())
     for name in (
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
         "TORCH_NCCL_DUMP_ON_TIMEOUT",

@@ -43,9 +43,8 @@ def set_env_defaults(cfg, device_type: str) -> dict[str, str]:
         wanted.append((("CUBLAS_WORKSPACE_CONFIG",), CUBLAS_DETERMINISTIC))
     done = {}
     for names, value in wanted:
-        if not any(
-            name in os.environ for name in names
-        ):  # the user set this setting under some name: keep it
+        # a setting the user made under any of its names is kept
+        if not any(name in os.environ for name in names):
             for name in names:
                 os.environ[name] = value
                 done[name] = value
