@@ -73,7 +73,15 @@ def test_flavor_shapes_on_meta(flavor):
 
 def test_ffn_hidden_dims():
     dims = {k: a.ffn_hidden_dim for k, a in llama3_flavors.items()}
-    assert dims == {"debugmodel": 768, "1B": 8192, "3B": 8192, "8B": 14336, "70B": 28672, "405B": 53248}
+    assert dims == {
+        "debugmodel": 768,
+        "debugmodel_large": 1536,
+        "1B": 8192,
+        "3B": 8192,
+        "8B": 14336,
+        "70B": 28672,
+        "405B": 53248,
+    }
 
 
 @pytest.mark.parametrize("flavor", list(PUBLISHED_PARAMS))
@@ -123,7 +131,7 @@ def test_get_model_args_and_registry_errors():
     assert args.max_seq_len == 4096 and llama3_flavors["8B"].max_seq_len == 8192  # a copy, table unchanged
     args.rope_scaling.factor = 99.0
     assert llama3_flavors["8B"].rope_scaling.factor == 8.0
-    with pytest.raises(UserError, match=r"'9B'.*debugmodel, 1B, 3B, 8B, 70B, 405B"):
+    with pytest.raises(UserError, match=r"'9B'.*debugmodel, debugmodel_large, 1B, 3B, 8B, 70B, 405B"):
         get_model_args("9B")
     with pytest.raises(UserError, match="unknown llama3 model argument"):
         get_model_args("8B", hidden=3)

@@ -38,7 +38,7 @@ class Job:
 @dataclass
 class Model:
     name: str = opt("llama3", "model family (registry key in torchtitan.models)")
-    flavor: str = opt("debugmodel", "model size: debugmodel, 1B, 3B, 8B, 70B, 405B")
+    flavor: str = opt("debugmodel", "model size: debugmodel, debugmodel_large, 1B, 3B, 8B, 70B, 405B")
     tokenizer_path: str = opt(
         "tests/assets/tokenizer/debug.model", "sentencepiece .model or HF tokenizer.json"
     )
