@@ -345,6 +345,39 @@ def test_gqa_attention_matches_naive_reference():
     torch.testing.assert_close(attn(x[:, :1], model.freqs_cis[:1]), out[:, :1], rtol=1e-4, atol=1e-6)
 
 
+def test_native_gqa_equals_repeat_kv_without_copies():
+    """SDPA's native GQA (the default) and the repeat_kv fallback compute the same attention and gradients; the
+    native path hands the kernel the n_kv_heads K/V heads, not n_rep copies."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class KeyHeads(TorchDispatchMode):  # records how many K heads each attention kernel call receives
+        def __init__(self):
+            super().__init__()
+            self.heads = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "scaled_dot_product" in func.__name__ and "backward" not in func.__name__:
+                self.heads.append(args[1].shape[1])
+            return func(*args, **(kwargs or {}))
+
+    args = tiny_args(dim=32, n_heads=8, n_kv_heads=2, max_seq_len=16)
+    model = init_model(args)
+    attn = model.layers["0"].attention
+    x = torch.randn(2, 10, args.dim)
+    results = {}
+    for native in (True, False):
+        attn.native_gqa = native
+        xi = x.clone().requires_grad_()
+        attn.zero_grad()
+        with KeyHeads() as mode:
+            out = attn(xi, model.freqs_cis[:10])
+        out.square().sum().backward()
+        results[native] = (out.detach(), xi.grad, attn.wk.weight.grad.clone(), attn.wv.weight.grad.clone())
+        assert mode.heads[-1] == (2 if native else 8)
+    for a, b in zip(results[True], results[False]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_rotary_matches_complex_form():
     args = tiny_args()
     x = torch.randn(2, 12, 3, args.head_dim)
