@@ -82,7 +82,7 @@ def _op_counts(mode: str, option: str = "op") -> tuple[Counter, torch.Tensor, li
     return counter.counts, loss.detach(), [p.grad for p in model.parameters()]
 
 
-def test_selective_op_saves_matmuls_and_recomputes_cheap_ops():
+def test_selective_op_saves_every_other_matmul_and_recomputes_cheap_ops():
     base, loss0, grads0 = _op_counts("none")
     full, loss1, grads1 = _op_counts("full")
     sel, loss2, grads2 = _op_counts("selective", "op")
@@ -95,8 +95,9 @@ def test_selective_op_saves_matmuls_and_recomputes_cheap_ops():
         full["_scaled_dot_product_flash_attention_for_cpu"]
         == 2 * base["_scaled_dot_product_flash_attention_for_cpu"]
     )
-    # per-op AC keeps matmul and attention outputs: no extra matmul or attention call ...
-    assert sel["mm"] == base["mm"]
+    # per-op AC keeps attention and every odd matmul (wq, wv, w1, w2 of a block) and re-runs the even ones
+    # (wk, wo, w3): 3 extra matmuls per block, no extra attention call ...
+    assert sel["mm"] == base["mm"] + 3 * ARGS.n_layers
     assert (
         sel["_scaled_dot_product_flash_attention_for_cpu"]
         == base["_scaled_dot_product_flash_attention_for_cpu"]

@@ -175,6 +175,23 @@ def test_reshard_fsdp2_to_one_process(straight2, tmp_path):
     assert r.returncode == 0 and "data is replayed" in r.stdout
 
 
+def test_one_process_checkpoint_resumes_under_fsdp2(straight2, tmp_path):
+    """1 process -> 2 ranks: a checkpoint of the unwrapped single-process model (plain tensors: no FSDP with one
+    dp rank) resumes under FSDP 2 (DTensor shards) and continues the straight 2-rank run's losses."""
+    one = tmp_path / "one"
+    r = run_train(1, ARGS2 + [f"--job.dump_folder={one}", "--training.local_batch_size=4"])
+    assert r.returncode == 0 and steps_in(one) == [3, 6]
+    # the same run length (the LR schedule depends on it), resumed from step 3
+    shutil.copytree(one / "checkpoint" / "step-3", tmp_path / "two" / "checkpoint" / "step-3")
+    r = run_train(2, ARGS2 + [f"--job.dump_folder={tmp_path / 'two'}"])
+    assert r.returncode == 0
+    assert "saved by 1 rank" in r.stdout + r.stderr
+    ref, got = losses(straight2), losses(tmp_path / "two")
+    assert sorted(got) == [4, 5, 6]
+    for s in got:
+        assert got[s] == pytest.approx(ref[s], rel=1e-5, abs=1e-5), s
+
+
 def test_missing_truncated_corrupt_files(straight1, tmp_path):
     ck = tmp_path / "checkpoint"
     shutil.copytree(straight1 / "checkpoint", ck)

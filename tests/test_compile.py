@@ -8,8 +8,8 @@ from conftest import ROOT, TINY
 
 
 def test_compile_matches_eager_with_selective_ac(monkeypatch):
-    """Compiled blocks (with selective per-op AC inside the graph, FSDP2 hooks around it) and compiled loss vs
-    the same run in eager mode, fp32, 10 steps.
+    """Compiled blocks (with selective per-op AC inside the graph, FSDP2 hooks around it, on 2 ranks) and compiled
+    loss vs the same run in eager mode on one process, fp32, 10 steps.
 
     rtol 1e-5: Inductor fuses elementwise chains and may reorder the fp32 reductions of RMSNorm, softmax and
     log-softmax, which changes results by a few ulps (~1e-7 relative) per op; ten steps of Adam amplify that,
@@ -20,9 +20,15 @@ def test_compile_matches_eager_with_selective_ac(monkeypatch):
     spec = importlib.util.spec_from_file_location("loss_compare", ROOT / "scripts" / "loss_compare.py")
     lc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lc)
-    common = [*TINY, "--training.steps=10", "--activation_checkpoint.mode=selective"]
+    # the compiled run uses FSDP 2 (1 sequence per rank), so FSDP2's hooks around compiled blocks are covered;
+    # data.num_shards=2 gives both runs the same global batches
+    common = [*TINY, "--training.steps=10", "--activation_checkpoint.mode=selective", "--data.num_shards=2"]
     ok, report, worst = lc.loss_compare(
-        [], ["--compile.enable=true", "--compile.components=model,loss"], common=common, rtol=1e-5
+        [],
+        ["--compile.enable=true", "--compile.components=model,loss", "--training.local_batch_size=1"],
+        nproc_b=2,
+        common=common,
+        rtol=1e-5,
     )
     print(report)
     assert ok, report

@@ -214,7 +214,7 @@ def test_fsdp_float8_all_gather_with_precomputed_scales(monkeypatch):
     assert ok, report
 
 
-def test_float8_under_selective_op_ac_saves_matmuls_and_amax_and_is_bitwise_equal():
+def test_float8_under_selective_op_ac_saves_odd_matmuls_and_amax_and_is_bitwise_equal():
     from test_activation_checkpoint import _CountOps
 
     from torchtitan.parallel.activation_checkpoint import apply_ac
@@ -231,9 +231,10 @@ def test_float8_under_selective_op_ac_saves_matmuls_and_amax_and_is_bitwise_equa
         results[mode] = (counter.counts, loss.detach(), [p.grad for p in model.parameters()])
     (base, loss0, grads0), (sel, loss1, grads1) = results["none"], results["selective"]
     # A float8 matmul reaches dispatch modes (the SAC policy, this counter) as aten.mm on torchao's float8
-    # tensor subclass, which calls _scaled_mm beneath them: saving mm covers it. Not re-run: matmuls and the
-    # amax reductions of the dynamic scales; re-run: the elementwise casts to float8.
-    assert sel["mm"] == base["mm"] and sel["max"] == base["max"] > 0
+    # tensor subclass, which calls _scaled_mm beneath them: the policy counts it like any matmul. Not re-run:
+    # the odd matmuls and the amax reductions of the dynamic scales; re-run: the even matmuls (wk, wo, w3: 3 per
+    # block) and the elementwise casts to float8.
+    assert sel["mm"] == base["mm"] + 3 * ARGS.n_layers and sel["max"] == base["max"] > 0
     assert sel["_to_copy"] > base["_to_copy"]
     assert torch.equal(loss0, loss1) and all(torch.equal(a, b) for a, b in zip(grads0, grads1))
 

@@ -1,19 +1,28 @@
-"""The full initial weights for a seed do not depend on the parallel layout (see DESIGN.md, docs/model.md).
+"""The full initial weights for a seed do not depend on the parallel layout (see DESIGN.md, docs/model.md); and
+how parallelize wraps the model in those layouts (FSDP units, or autocast where nothing is sharded).
 
 Each layout's ranks compute only the elements they hold (torchtitan.parallel.local_coords); gathered back, they
 must equal the single-process weights exactly.
 """
 
+import json
+
 import torch
 
 from conftest import run_script
 
+LAYERS = [f"layers.{i}" for i in range(6)]
+UNITS = ["", "tok_embeddings", *LAYERS, "norm", "output"]  # embedding, every block, norm + head, then the root
 
-def dump(tmp_path, nproc, *args):
-    """The full weights of a run in this layout: every rank's parameters, merged by name (all copies equal)."""
+
+def dump(tmp_path, nproc, *args, structure=None):
+    """The full weights of a run in this layout: every rank's parameters, merged by name (all copies equal).
+    `structure` (a dict) receives how parallelize wrapped the model (not under pipeline parallelism)."""
     out = tmp_path / f"init_{nproc}_{len(args)}_{abs(hash(args))}.pt"
     r = run_script(nproc, "tests/dist/dump_init.py", [str(out), *args], timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    if structure is not None:
+        structure.update(json.loads((tmp_path / f"{out.name}.json").read_text()))
     full = {}
     for rank in range(nproc):
         for name, value in torch.load(f"{out}.{rank}", weights_only=True).items():
@@ -30,9 +39,14 @@ def assert_same(one, other, what):
 
 
 def test_fsdp2_init_equals_single_process(tmp_path):
-    one = dump(tmp_path, 1)
+    s1, s2 = {}, {}
+    one = dump(tmp_path, 1, structure=s1)
     assert len(one) > 10
-    assert_same(one, dump(tmp_path, 2, "--training.seed=0"), "FSDP 2")
+    assert_same(one, dump(tmp_path, 2, "--training.seed=0", structure=s2), "FSDP 2")
+    # one process: no FSDP at all; bf16 comes from autocast (fp32 parameters, bf16 logits)
+    assert s1 == {"fsdp_units": [], "param_dtypes": ["torch.float32"], "logits_dtype": "torch.bfloat16"}
+    assert s2["fsdp_units"] == UNITS
+    assert s2["logits_dtype"] == "torch.bfloat16"
     other_seed = dump(tmp_path, 1, "--training.seed=1")
     assert not torch.equal(one["layers.0.attention.wq.weight"], other_seed["layers.0.attention.wq.weight"])
 
@@ -45,7 +59,11 @@ def test_tp_layouts_init_equals_single_process(tmp_path):
         (4, ["--parallelism.tensor_parallel_degree=2"]),
         (2, ["--parallelism.tensor_parallel_degree=2", "--parallelism.enable_sequence_parallel=false"]),
     ]:
-        assert_same(one, dump(tmp_path, nproc, *args), args)
+        structure = {}
+        assert_same(one, dump(tmp_path, nproc, *args, structure=structure), args)
+        # TP-only has one dp rank: no FSDP, autocast; FSDP 2 x TP 2 has the same units as FSDP 2
+        assert structure["fsdp_units"] == ([] if nproc == 2 else UNITS)
+        assert structure["logits_dtype"] == "torch.bfloat16"
 
 
 def test_pp_and_cp_layouts_init_equals_single_process(tmp_path):

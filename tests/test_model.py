@@ -74,7 +74,15 @@ def test_flavor_shapes_on_meta(flavor):
 
 def test_ffn_hidden_dims():
     dims = {k: a.ffn_hidden_dim for k, a in llama3_flavors.items()}
-    assert dims == {"debugmodel": 768, "1B": 8192, "3B": 8192, "8B": 14336, "70B": 28672, "405B": 53248}
+    assert dims == {
+        "debugmodel": 768,
+        "debugmodel_large": 1536,
+        "1B": 8192,
+        "3B": 8192,
+        "8B": 14336,
+        "70B": 28672,
+        "405B": 53248,
+    }
 
 
 @pytest.mark.parametrize("flavor", list(PUBLISHED_PARAMS))
@@ -124,7 +132,7 @@ def test_get_model_args_and_registry_errors():
     assert args.max_seq_len == 4096 and llama3_flavors["8B"].max_seq_len == 8192  # a copy, table unchanged
     args.rope_scaling.factor = 99.0
     assert llama3_flavors["8B"].rope_scaling.factor == 8.0
-    with pytest.raises(UserError, match=r"'9B'.*debugmodel, 1B, 3B, 8B, 70B, 405B"):
+    with pytest.raises(UserError, match=r"'9B'.*debugmodel, debugmodel_large, 1B, 3B, 8B, 70B, 405B"):
         get_model_args("9B")
     with pytest.raises(UserError, match="unknown llama3 model argument"):
         get_model_args("8B", hidden=3)
@@ -435,6 +443,39 @@ def test_gqa_attention_matches_naive_reference():
     assert not torch.allclose(out, reference_attention(attn, x, args, interleaved_groups=True), atol=1e-3)
     # causal: the first position's output depends on nothing after it
     torch.testing.assert_close(attn(x[:, :1], model.freqs_cis[:1]), out[:, :1], rtol=1e-4, atol=1e-6)
+
+
+def test_native_gqa_equals_repeat_kv_without_copies():
+    """SDPA's native GQA (the default) and the repeat_kv fallback compute the same attention and gradients; the
+    native path hands the kernel the n_kv_heads K/V heads, not n_rep copies."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class KeyHeads(TorchDispatchMode):  # records how many K heads each attention kernel call receives
+        def __init__(self):
+            super().__init__()
+            self.heads = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "scaled_dot_product" in func.__name__ and "backward" not in func.__name__:
+                self.heads.append(args[1].shape[1])
+            return func(*args, **(kwargs or {}))
+
+    args = tiny_args(dim=32, n_heads=8, n_kv_heads=2, max_seq_len=16)
+    model = init_model(args)
+    attn = model.layers["0"].attention
+    x = torch.randn(2, 10, args.dim)
+    results = {}
+    for native in (True, False):
+        attn.native_gqa = native
+        xi = x.clone().requires_grad_()
+        attn.zero_grad()
+        with KeyHeads() as mode:
+            out = attn(xi, model.freqs_cis[:10])
+        out.square().sum().backward()
+        results[native] = (out.detach(), xi.grad, attn.wk.weight.grad.clone(), attn.wv.weight.grad.clone())
+        assert mode.heads[-1] == (2 if native else 8)
+    for a, b in zip(results[True], results[False]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_rotary_matches_complex_form():

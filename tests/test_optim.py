@@ -71,6 +71,20 @@ def test_clip_grad_norm_returns_preclip_norm_and_clips():
     assert torch.equal(a.grad, torch.ones(3))
 
 
+def test_clip_grad_norm_is_exact_on_large_and_sharded_gradients():
+    """A 0.5M-element gradient (the debug model's output head): CPU's fp32 norm kernel is 2e-5 off there, which
+    would break the 1e-5 parity between layouts; the row-wise norms with an fp64 sum stay at fp32 rounding, for
+    the whole tensor and for it cut into row or column shards as FSDP and TP cut it."""
+    g = torch.randn(2048, 256, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.01, 3, 256)
+    exact = g.double().square().sum().sqrt().item()
+    for pieces in ([g], list(g.chunk(4, dim=0)), list(g.chunk(4, dim=1)), [g[:5], g[5:]]):
+        params = [torch.nn.Parameter(torch.zeros_like(t)) for t in pieces]
+        for p, t in zip(params, pieces):
+            p.grad = t.clone()
+        norm = clip_grad_norm_(params, max_norm=0.0).item()
+        assert abs(norm - exact) <= 2e-7 * exact, (len(pieces), norm, exact)
+
+
 def test_throughput_and_mfu_formulas():
     peak = PeakFlops(bf16_tflops=100.0, fp8_tflops=None, source="test", device_name="test")
     # 1000 tokens on this dp rank in 2 s, shared by tp*pp*cp = 4 devices: 125 tokens/s per device

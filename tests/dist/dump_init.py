@@ -3,13 +3,17 @@
     torchrun --nproc_per_node 2 tests/dist/dump_init.py OUT.pt [--section.key=value ...]
 
 Every rank writes the full (gathered over FSDP/TP) values of the parameters it holds to OUT.pt.<rank>; the test
-merges them by name, so pipeline stages on different ranks together give the whole model.
+merges them by name, so pipeline stages on different ranks together give the whole model. Without pipeline
+parallelism rank 0 also writes OUT.pt.json: how `parallelize` wrapped the model (its FSDP units, the dtype of
+parameters and of a forward's logits).
 """
 
 import functools
+import json
 import sys
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from torchtitan.config import parse_args
@@ -24,6 +28,17 @@ from torchtitan.parallel import (
     plan_pipeline,
 )
 from torchtitan.train import cross_entropy_loss
+
+
+def structure(model: torch.nn.Module) -> dict:
+    units = [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+    logits = model(torch.zeros(1, 8, dtype=torch.long))
+    logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
+    return {
+        "fsdp_units": units,
+        "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        "logits_dtype": str(logits.dtype),
+    }
 
 
 def main():
@@ -49,6 +64,11 @@ def main():
         for k, v in part.state_dict().items():
             full[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
     torch.save(full, f"{out}.{rank}")
+    if not dims.pp_enabled:
+        wrapped = structure(parts[0])  # a forward: collective under FSDP/TP, so every rank runs it
+        if rank == 0:
+            with open(f"{out}.json", "w") as f:
+                json.dump(wrapped, f)
     torch.distributed.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
     torch.distributed.destroy_process_group()
 

@@ -38,7 +38,7 @@ class Job:
 @dataclass
 class Model:
     name: str = opt("llama3", "model family (registry key in torchtitan.models)")
-    flavor: str = opt("debugmodel", "model size: debugmodel, 1B, 3B, 8B, 70B, 405B")
+    flavor: str = opt("debugmodel", "model size: debugmodel, debugmodel_large, 1B, 3B, 8B, 70B, 405B")
     tokenizer_path: str = opt(
         "tests/assets/tokenizer/debug.model", "sentencepiece .model or HF tokenizer.json"
     )
@@ -62,9 +62,13 @@ class Training:
     )
     max_norm: float = opt(1.0, "clip gradients to this global L2 norm (<= 0 disables clipping)")
     mixed_precision_param: Literal["bfloat16", "float32"] = opt(
-        "bfloat16", "dtype of parameters during forward/backward (FSDP2 MixedPrecisionPolicy)"
+        "bfloat16",
+        "compute dtype of forward/backward; parameters stay fp32 (FSDP2 MixedPrecisionPolicy with data"
+        " parallelism, torch.autocast with one data-parallel rank)",
     )
-    mixed_precision_reduce: Literal["float32", "bfloat16"] = opt("float32", "dtype of the gradient reduction")
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = opt(
+        "float32", "dtype of the data-parallel gradient reduction (FSDP2; unused with one data-parallel rank)"
+    )
     gc_freq: int = opt(
         50, "run Python garbage collection every N steps (automatic GC is disabled); 0 = leave GC on"
     )
@@ -101,7 +105,8 @@ class Parallelism:
     )
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = opt(
         "default",
-        "free gathered parameters after forward: default = blocks yes, root no (never with PP or an unsharded mesh)",
+        "free gathered parameters after forward: default = embedding and blocks yes, head and root no (never"
+        " with PP or when nothing is sharded)",
     )
     fsdp_cpu_offload: bool = opt(
         False,

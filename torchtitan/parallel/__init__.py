@@ -13,10 +13,12 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torchtitan.quantize.float8 import convert_to_float8
 
 from .activation_checkpoint import apply_ac
+from .attention import apply_gqa_choice
 from .compile import apply_compile
 from .dims import ParallelDims
 from .distributed import init_distributed, pick_device, set_collective_timeout
 from .fsdp import apply_fsdp
+from .mixed_precision import DTYPES, apply_autocast
 from .pipeline import build_pipeline, pipeline_forward_backward, plan_pipeline
 from .tensor import apply_tp
 
@@ -42,29 +44,35 @@ def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Mod
         3. activation checkpointing                                    - wraps blocks
         4. torch.compile per block                                     - compiles the wrapped block
         5. FSDP2 / HSDP                                  on mesh "fsdp" - last: shards whatever parameters exist
+           or, when nothing is sharded or replicated, autocast         - mixed precision without FSDP
 
     float8 before TP: it replaces nn.Linear modules; torchao's float8 TP styles accept only Float8Linear, the
     filter must see unsharded shapes, and TP/AC/compile/FSDP must act on the modules that will actually run.
     AC before compile, so the checkpointed region (and a selective policy) is traced into the block's graph;
-    compile before FSDP2, so FSDP's hooks wrap the compiled block. FSDP is applied even on a 1-rank mesh so that
-    mixed precision behaves the same at every scale.
+    compile before FSDP2, so FSDP's hooks wrap the compiled block. With one data-parallel rank (one process,
+    TP-only, PP-only) FSDP would shard nothing and cost 8-18 % of a step: bf16 then comes from torch.autocast
+    (mixed_precision.py), unless CPU offload (an FSDP feature) is asked for.
     """
     p, t = cfg.parallelism, cfg.training
+    device_type = dims.mesh("world").device_type
     if cfg.float8.enable:
         convert_to_float8(model, cfg)  # imports torchao (optional) only here
+    apply_gqa_choice(model, device_type, DTYPES[t.mixed_precision_param])
     if dims.tp_enabled:
         apply_tp(model, dims.mesh("tp"), p.enable_sequence_parallel, p.enable_loss_parallel)
     apply_ac(model, cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option)
     if cfg.compile.enable and "model" in cfg.compile.components:
         apply_compile(model)
+    if not (dims.fsdp_enabled or p.fsdp_cpu_offload):
+        return apply_autocast(model, device_type, t.mixed_precision_param)
     reshard = p.fsdp_reshard_after_forward
     if dims.pp_enabled and reshard == "default":
         # Each micro-batch would all-gather the stage's blocks again; and zero-bubble schedules lose weight
         # gradients of blocks resharded after forward (see pipeline.py). Keep them gathered until backward.
         reshard = "never"
     if dims.dp_shard * dims.cp == 1 and reshard == "default":
-        # Nothing is sharded: resharding would only free the low-precision copy and cast it again for backward
-        # (measured: 4% of the debug model's step on CPU).
+        # Nothing is sharded (pure replication, or CPU offload on one rank): resharding would only free the
+        # low-precision copy and cast it again for backward (measured: 4% of the debug model's step on CPU).
         reshard = "never"
     apply_fsdp(
         model,

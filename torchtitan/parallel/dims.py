@@ -92,6 +92,11 @@ class ParallelDims:
     def cp_enabled(self) -> bool:
         return self.cp > 1
 
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Whether parameters are sharded (dp_shard x cp > 1) or replicated (HSDP): FSDP2 is applied."""
+        return self.dp_shard * self.cp > 1 or self.dp_replicate > 1
+
     def global_batch_size(self, training) -> int:
         """Sequences per optimizer step over all dp ranks (training.global_batch_size, -1 = no accumulation)."""
         gbs = training.global_batch_size

@@ -118,6 +118,11 @@ llama3_flavors: dict[str, ModelArgs] = {
     "debugmodel": ModelArgs(
         dim=256, n_layers=6, n_heads=16, n_kv_heads=4, vocab_size=2048, multiple_of=256, max_seq_len=2048
     ),
+    # ~5x the debug model's FLOPs per token, head_dim 64 like the published flavors: the second shape of the CPU
+    # benchmarks (scripts/bench_peers.py), with the same debug tokenizer.
+    "debugmodel_large": ModelArgs(
+        dim=512, n_layers=8, n_heads=8, n_kv_heads=2, vocab_size=2048, multiple_of=256, max_seq_len=2048
+    ),
     "1B": ModelArgs(
         dim=2048,
         n_layers=16,

@@ -75,14 +75,15 @@ def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
 
     This is Meta's form: view the pairs as complex numbers and multiply by e^(i*angle). (Hugging Face's
     rotate_half form pairs x[i] with x[i + hd/2] instead; checkpoint conversion permutes wq/wk rows.)
-    Computed in fp32, returned in x's dtype.
+    Computed in fp32, returned in x's dtype. One complex multiply is one kernel each way (forward and backward),
+    where the same arithmetic spelled out on the real and imaginary halves takes six plus a stack: 5x faster on
+    CPU for the debug model's q and k (docs/performance.md), with bitwise the same fp32 result.
     """
-    pairs = x.float().unflatten(-1, (-1, 2))
-    real, imag = pairs.unbind(-1)
-    cos = freqs_cis[..., 0].float()[:, None, :]  # [S, 1, hd/2]: broadcast over batch and heads
-    sin = freqs_cis[..., 1].float()[:, None, :]
-    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
-    return rotated.flatten(-2).type_as(x)
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    rotation = torch.view_as_complex(freqs_cis.float())[
+        :, None, :
+    ]  # [S, 1, hd/2]: broadcast over batch and heads
+    return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
 
 
 # ------------------------------------------------------------------------------------------------------- blocks
@@ -97,7 +98,15 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Causal grouped-query attention: n_heads query heads share n_kv_heads key/value heads."""
+    """Causal grouped-query attention: n_heads query heads share n_kv_heads key/value heads.
+
+    `native_gqa` (default True): let SDPA read each kv head for its n_rep query heads itself (`enable_gqa=True`)
+    instead of materialising repeat_kv's n_rep copies of K and V -- saved for backward, so n_rep times the K/V
+    activation memory, plus the copies' time and the backward's sum over the copies. The parallel code turns it
+    off where the selected SDPA kernel would not do that natively (torchtitan/parallel/attention.py).
+    """
+
+    native_gqa = True
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -119,9 +128,11 @@ class Attention(nn.Module):
         # attention sees them all.)
         freqs_cis = freqs_cis[:seqlen]
         q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
-        k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
+        gqa = self.n_rep > 1 and self.native_gqa
+        if self.n_rep > 1 and not gqa:
+            k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=gqa
         )
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
