@@ -12,7 +12,13 @@ import torch
 from conftest import run_script
 
 LAYERS = [f"layers.{i}" for i in range(6)]
-UNITS = ["", "tok_embeddings", *LAYERS, "norm", "output"]  # embedding, every block, norm + head, then the root
+UNITS = [
+    "",
+    "tok_embeddings",
+    *LAYERS,
+    "norm",
+    "output",
+]  # embedding, every block, norm + head, then the root
 
 
 def dump(tmp_path, nproc, *args, structure=None):
