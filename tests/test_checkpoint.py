@@ -197,7 +197,9 @@ def test_missing_truncated_corrupt_files(straight1, tmp_path):
     r = run_train(1, ARGS + [f"--job.dump_folder={tmp_path}"])
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()[-1:]
-    assert line.startswith("error: checkpoint file") and "rank-0.json is corrupt" in line
+    assert (
+        line.startswith("error: checkpoint file") and "rank-0.json of step 3 is corrupt" in line
+    )  # checksum
     assert sorted(p.name for p in ck.iterdir()) == before
     meta = ck / "step-3" / ".metadata"
     meta.write_bytes(b"\0" * meta.stat().st_size)

@@ -26,9 +26,11 @@ from torchtitan.checkpoint import (
     PreemptionFlag,
     fault_hook,
     nan_hook_step,
+    space_warning,
 )
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
+from torchtitan.disk import check_output_paths
 from torchtitan.errors import UserError
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, resolve_peak
@@ -100,6 +102,7 @@ def train(cfg: JobConfig) -> int:
     check_node_count(cfg.job.expected_nodes)
     dims = ParallelDims.from_config(cfg.parallelism, launch_world()[0])
     dump = cfg.job.dump_folder
+    check_output_paths(cfg)  # every folder the run writes: creatable and writable, before any process group
     init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
     device = pick_device()
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
@@ -109,6 +112,8 @@ def train(cfg: JobConfig) -> int:
             cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
         )
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
+    if rank == 0 and (low_space := space_warning(cfg, model_args.num_params())):
+        logger.warning(low_space)
     preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
@@ -261,11 +266,14 @@ def train(cfg: JobConfig) -> int:
             t.max_norm,
             pp_mesh=dims.mesh("pp") if dims.pp_enabled else None,
         )
-        # One tiny all-reduce per step: ranks agree on "non-finite" and "preemption signal received", so all of
-        # them skip/stop/save at the same step. Checked before optimizer.step: NaN never reaches the weights.
+        # One tiny all-reduce per step: ranks agree on "non-finite", "preemption signal received" and "a
+        # background checkpoint save failed", so all of them skip/stop/save at the same step. Checked before
+        # optimizer.step: NaN never reaches the weights.
         bad = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float().cpu()
-        flags = torch.stack([bad, torch.tensor(float(preempt.signum))])
+        flags = torch.tensor([bad.item(), float(preempt.signum), float(ckpt.failed())])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[2] > 0:
+            ckpt.report_failure()  # every rank: one line (what failed, free space, last good checkpoint), exit 2
         if flags[0] > 0:
             what = f"loss {loss.item():.4g}, grad norm {grad_norm.item():.4g} on rank {rank}"
             if not t.skip_nonfinite_steps:
