@@ -20,29 +20,11 @@ import sys
 
 import pytest
 
-from conftest import ROOT, TINY, run_train, train_env
-from torchtitan.checkpoint import MARKER, committed_checkpoints, verify_checkpoint
+from conftest import CKPT_ARGS, CKPT_ARGS2, ROOT, TINY, losses, run_train, steps_in, train_env
+from torchtitan.checkpoint import MARKER, verify_checkpoint
 from torchtitan.errors import UserError
 
-STEPS = 6
-ARGS = TINY + [
-    f"--training.steps={STEPS}",
-    "--training.mixed_precision_param=float32",
-    "--lr_scheduler.warmup_steps=2",
-    "--metrics.peak_tflops=1",
-    "--checkpoint.enable=true",
-    "--checkpoint.interval=3",
-]
-ARGS2 = ARGS + ["--data.num_shards=2"]
-
-
-def losses(out) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss/global_avg"] for r in rows}
-
-
-def steps_in(out) -> list[int]:
-    return sorted(committed_checkpoints(str(out / "checkpoint")))
+ARGS, ARGS2 = CKPT_ARGS, CKPT_ARGS2
 
 
 def listing(folder) -> list[str]:
@@ -54,6 +36,12 @@ def error_line(r) -> str:
     lines = r.stderr.strip().splitlines()
     assert not any("Traceback" in line for line in lines), r.stderr[-3000:]
     return lines[-1] if lines else ""
+
+
+def popen_train(args, env, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """`python train.py` whose stdout (the rank-0 log) the test reads line by line while it runs."""
+    cmd = [sys.executable, "train.py", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
 def torchrun(nproc: int, args, torchrun_args=(), env=None, timeout=600):
@@ -103,36 +91,16 @@ def remount(path, mode: str) -> None:
     assert _mount("-o", f"remount,bind,{mode}", str(path)), f"cannot remount {path} {mode}"
 
 
-# ------------------------------------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    out = tmp_path_factory.mktemp("straight")
-    r = run_train(1, ARGS + [f"--job.dump_folder={out}"])
-    assert r.returncode == 0
-    assert steps_in(out) == [3, 6]
-    return out
-
-
-@pytest.fixture(scope="module")
-def straight2(tmp_path_factory):
-    out = tmp_path_factory.mktemp("straight2")
-    r = run_train(2, ARGS2 + [f"--job.dump_folder={out}", "--checkpoint.async_mode=async"])
-    assert r.returncode == 0
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ integrity
 
 
-def test_checksums_are_computed_while_writing_and_equal_the_files(straight):
+def test_checksums_are_computed_while_writing_and_equal_the_files(straight1):
     """The marker's checksums (hashed as the bytes were written, carried to rank 0 by DCP's gather) equal a
     fresh read of each file, and every file of the checkpoint is listed."""
     from torchtitan.checksums import file_checksum
 
     for step in (3, 6):
-        path = straight / "checkpoint" / f"step-{step}"
+        path = straight1 / "checkpoint" / f"step-{step}"
         marker = json.loads((path / MARKER).read_text())
         assert marker["checksum"] == "xxh3_64"
         assert marker["model"]["flavor"] == "debugmodel" and marker["model"]["args"]["dim"] == 256
@@ -144,9 +112,9 @@ def test_checksums_are_computed_while_writing_and_equal_the_files(straight):
         verify_checkpoint(str(path), checksums=True)
 
 
-def test_flipped_bytes_stop_the_resume_then_an_older_step_resumes_exactly(straight, tmp_path):
+def test_flipped_bytes_stop_the_resume_then_an_older_step_resumes_exactly(straight1, tmp_path):
     ck = tmp_path / "checkpoint"
-    shutil.copytree(straight / "checkpoint", ck)
+    shutil.copytree(straight1 / "checkpoint", ck)
     data = ck / "step-6" / "__0_0.distcp"
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0x10  # two flipped bits inside tensor data, same size: sizes alone cannot tell
@@ -162,7 +130,7 @@ def test_flipped_bytes_stop_the_resume_then_an_older_step_resumes_exactly(straig
     assert not (tmp_path / "metrics.jsonl").exists()
     r = run_train(1, ARGS + [f"--job.dump_folder={tmp_path}", "--checkpoint.load_step=3"])
     assert r.returncode == 0 and "resumed from" in r.stdout
-    assert losses(tmp_path) == {s: v for s, v in losses(straight).items() if s > 3}
+    assert losses(tmp_path) == {s: v for s, v in losses(straight1).items() if s > 3}
     verify_checkpoint(str(ck / "step-6"), checksums=True)  # step 6 written again, sound
 
 
@@ -212,12 +180,12 @@ def test_io_error_on_one_rank_of_two_stops_both_with_the_same_line(tmp_path):
     assert listing(tmp_path / "checkpoint") == ["step-3"]
 
 
-def test_read_only_checkpoint_folder(straight, tmp_path):
+def test_read_only_checkpoint_folder(straight1, tmp_path):
     """Read-only before the start: one line before any process group. Made read-only while training (at a
     stall in step 5): the save of step 6 fails with EROFS, one line, step 3 intact. Without mount rights the
     second part injects EROFS at the writer and the first is skipped."""
     ck = tmp_path / "checkpoint"
-    shutil.copytree(straight / "checkpoint" / "step-3", ck / "step-3")
+    shutil.copytree(straight1 / "checkpoint" / "step-3", ck / "step-3")
     args = ARGS + [f"--job.dump_folder={tmp_path}"]
     with bind(ck) as mounted:
         if mounted:
@@ -229,15 +197,8 @@ def test_read_only_checkpoint_folder(straight, tmp_path):
             )
             assert "parallelism:" not in r.stdout  # stopped before the process group and the model
             remount(ck, "rw")
-            env = train_env(TORCHTITAN_TEST_STALL_AT_STEP="5", TORCHTITAN_TEST_STALL_SECONDS="20")
-            p = subprocess.Popen(
-                [sys.executable, "train.py", *args],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            env = train_env(TORCHTITAN_TEST_STALL_AT_STEP="5", TORCHTITAN_TEST_STALL_SECONDS="6")
+            p = popen_train(args, env)
             for line in p.stdout:
                 if "stalls in step 5" in line:
                     remount(ck, "ro")
@@ -258,20 +219,13 @@ def test_read_only_checkpoint_folder(straight, tmp_path):
 # ------------------------------------------------------------------------------------------------ signals, kills
 
 
-def test_sigterm_during_async_save_commits_both_and_resumes_exactly(straight, tmp_path):
+def test_sigterm_during_async_save_commits_both_and_resumes_exactly(straight1, tmp_path):
     """Each checkpoint file waits 2 s before its first byte (slow storage), so SIGTERM, sent when the async
     save of step 3 has started, arrives while it is being written. The run finishes the step, waits for that
     save, saves step 4, exits 75; the restart continues with the uninterrupted run's losses."""
     args = ARGS + [f"--job.dump_folder={tmp_path}", "--checkpoint.async_mode=async"]
     env = train_env(TORCHTITAN_TEST_SAVE_SECONDS="2")
-    p = subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    p = popen_train(args, env, stderr=subprocess.STDOUT)
     for line in p.stdout:
         if "checkpoint step-3: async save started" in line:
             p.send_signal(signal.SIGTERM)
@@ -283,7 +237,7 @@ def test_sigterm_during_async_save_commits_both_and_resumes_exactly(straight, tm
     assert not [n for n in listing(tmp_path / "checkpoint") if ".tmp-" in n]
     r = run_train(1, args)
     assert r.returncode == 0 and "resumed from" in r.stdout and "step 4" in r.stdout
-    assert losses(tmp_path) == losses(straight)
+    assert losses(tmp_path) == losses(straight1)
 
 
 def test_kill9_of_one_rank_while_writing_then_restart_is_bitwise_identical(straight2, tmp_path):

@@ -341,7 +341,7 @@ def _os_error(e: BaseException | None) -> OSError | None:
 
 
 def _save_failure(step: int, tmp: str, e: BaseException, writer: ChecksumWriter | None = None) -> tuple:
-    """(step, tmp, what failed, errno, rank of the account): an OSError's account is preferred to another's."""
+    """(step, tmp, what failed, errno, preference): an OSError's account (0) is preferred to another (1)."""
     err = (writer.error if writer is not None else None) or _os_error(e)
     if err is not None:
         where = f" ({err.filename})" if err.filename else ""

@@ -203,12 +203,13 @@ def _load_debug_corpus(split: str):
     return _load_files(str(path))
 
 
-# Built-in sources: name -> (split -> HF IterableDataset). Each yields dicts with a "text" field.
+# Built-in sources: name -> (split -> HF IterableDataset, or (dataset, (builder, files)) for local files, so that a
+# read error can name its file). Each yields dicts with a "text" field.
 DATASETS: dict[str, Callable] = {"c4": _load_c4, "debug_corpus": _load_debug_corpus}
 
 
 def _open_source(dataset: str, dataset_path: str | None, split: str):
-    """(HF dataset, its name for messages, (builder, files) or None for a hub dataset)."""
+    """(HF dataset, (builder, files) of local files or None, the source's name for messages)."""
     if dataset_path:  # the user's files replace the named source's location
         return *_load_files(dataset_path), f"data.dataset_path {dataset_path}"
     if dataset not in DATASETS:
