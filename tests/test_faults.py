@@ -569,3 +569,24 @@ print("ok", type(stager).__name__)
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["ok", "DefaultStager"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="pinned staging needs CUDA")
+def test_async_stager_stages_cuda_tensors_into_reused_pinned_memory():
+    """On CUDA: the run's stager copies device tensors into pinned host memory, the same buffers every save."""
+    import torch
+
+    from torchtitan.checkpoint import _build_stager
+
+    stager = _build_stager()
+    assert stager is not None, "torch without DefaultStager"
+    w = torch.randn(256, 256, device="cuda")
+    try:
+        first = stager.stage({"w": w})["w"]
+        w.add_(1.0)
+        second = stager.stage({"w": w})["w"]
+    finally:
+        stager.close()
+    assert second.device.type == "cpu" and second.is_pinned()
+    assert second.data_ptr() == first.data_ptr()
+    assert torch.equal(second, w.cpu())

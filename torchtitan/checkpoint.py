@@ -363,12 +363,14 @@ def _build_stager():
     except ImportError:  # pragma: no cover - torch < 2.9
         return None
     cuda = torch.cuda.is_available()
+    # Positional: the fourth field was `use_cuda_non_blocking_copy` before torch renamed it `use_non_blocking_copy`
+    # (pytorch#158337); the order (pinned, shared, async staging, non-blocking copy) is the same in both.
     return DefaultStager(
         StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,  # the loop waits for the copy (as before); the write runs in the background
-            use_non_blocking_copy=cuda,
+            cuda,  # pinned host memory for the staging copy
+            False,  # no shared memory (the writer is a thread of this process)
+            False,  # synchronous staging: the loop waits for the copy (as before); the write runs in the background
+            cuda,  # non-blocking device-to-host copies, synchronized before stage() returns
         )
     )
 
