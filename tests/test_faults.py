@@ -333,6 +333,24 @@ def test_checkpoint_of_another_model_is_one_line_naming_the_parameter(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def test_rerun_with_another_flavor_stops_before_building_the_model(straight1, tmp_path):
+    """The issue's case: the same dump folder rerun with --model.flavor changed. The check reads only the marker
+    and DCP's .metadata, before the 1B model is built or the process group's model work starts."""
+    ck = tmp_path / "checkpoint"
+    shutil.copytree(straight1 / "checkpoint" / "step-3", ck / "step-3")
+    r = run_train(1, ARGS + [f"--job.dump_folder={tmp_path}", "--model.flavor=1B", "--model.vocab_size=2048"])
+    assert r.returncode == 2
+    assert error_line(r) == (
+        f"error: checkpoint {ck / 'step-3'} belongs to another model: parameter tok_embeddings.weight is"
+        " [2048, 256] there and [2048, 2048] in this run's model (llama3 1B, dim 2048, 16 layers, 32 heads,"
+        " 8 kv heads, vocab 2048, tied embeddings); the checkpoint's model: llama3 debugmodel (dim 256, 6 layers,"
+        " 16 heads, 4 kv heads, vocab 2048); to resume from it set --model.flavor=debugmodel, or train this model"
+        " in another job.dump_folder (or checkpoint.folder)"
+    )
+    assert "parallelism:" not in r.stdout and listing(ck) == ["step-3"]
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_model_fix_names_the_flags_to_set():
     """The advice of the message above, for recorded models that a config can match."""
     import dataclasses

@@ -415,23 +415,7 @@ class CheckpointManager:
         self.pending: _Pending | None = None
         self.failure: tuple | None = None  # this rank's account of a save that failed, until it is reported
         self.loaded_path: str | None = None
-        self.identity = self._identity()
-
-    def _identity(self) -> dict:
-        """What a checkpoint belongs to, recorded in its marker and compared on load: the model and tokenizer."""
-        from torchtitan.models import model_args_from_config
-
-        m = self.cfg.model
-        args = model_args_from_config(m, self.cfg.training.seq_len)
-        out = {"model": {"name": m.name, "flavor": m.flavor, "args": dataclasses.asdict(args)}}
-        tok = getattr(self.dataloader, "tokenizer", None)
-        if tok is not None and os.path.isfile(getattr(tok, "path", "")):
-            out["tokenizer"] = {
-                "path": os.path.abspath(tok.path),
-                "vocab_size": tok.vocab_size,
-                "checksum": file_checksum(tok.path),
-            }
-        return out
+        self.identity = run_identity(cfg, getattr(dataloader, "tokenizer", None))
 
     # ---- what is saved ---------------------------------------------------------------------------------------
 
@@ -648,46 +632,24 @@ class CheckpointManager:
 
     # ---- load --------------------------------------------------------------------------------------------------
 
-    def _pick(self) -> str | None:
-        """The checkpoint to resume from: load_step, else the newest committed full or seed checkpoint."""
-        found = committed_checkpoints(self.folder)
-        if self.c.load_step >= 0:
-            if self.c.load_step not in found:
-                have = ", ".join(str(s) for s in sorted(found)) or "none"
-                raise UserError(
-                    f"checkpoint.load_step={self.c.load_step}: no committed step-{self.c.load_step} in {self.folder};"
-                    f" committed steps: {have}"
-                )
-            return found[self.c.load_step]
-        for s in sorted(found, reverse=True):
-            if _read_json(os.path.join(found[s], MARKER))["kind"] in ("full", "seed"):
-                return found[s]
-        return None
-
     def load(self) -> tuple[int, int]:
         """Resume if there is something to resume from; returns (step, tokens_seen), (0, 0) for a fresh start."""
         if not self.c.enable and self.c.initial_load_path is None:
             return 0, 0
-        picked = [self._pick() if self.rank == 0 and self.c.enable else None]
+        picked = [_to_load(self.cfg) if self.rank == 0 else None]
         dist.broadcast_object_list(picked, src=0)  # every rank must read the same checkpoint
-        path = picked[0]
-        model_only = False
-        if path is None and self.c.initial_load_path:
-            path, model_only = self.c.initial_load_path, self.c.initial_load_model_only
+        path, initial = picked[0] or (None, False)
         if path is None:
             return 0, 0
+        model_only = initial and self.c.initial_load_model_only
         t0 = time.perf_counter()
         marker = verify_checkpoint(path)
-        try:
-            meta = dcp.FileSystemReader(path).read_metadata()
-        except Exception as e:
-            raise UserError(
-                f"checkpoint file {os.path.join(path, '.metadata')} is unreadable ({type(e).__name__}: {e})"[
-                    :500
-                ]
-            ) from None
-        # Cheap checks first, all before DCP reads a byte of tensor data: a wrong tokenizer or model is one line.
-        self._check_identity(path, marker, meta, initial=path == self.c.initial_load_path)
+        meta = _read_metadata(path)
+        # Cheap checks first, all before DCP reads a byte of tensor data: a wrong tokenizer or model is one line
+        # (check_resume_target said it already, before the model was built; this covers a checkpoint that
+        # appeared since, and the warning about a tokenizer with other content).
+        check_compatible(self.cfg, self.identity, path, marker, meta, initial)
+        self._warn_tokenizer_content(path, marker)
         if self.c.verify_on_load:
             self._verify_content(path, marker)
         model_only = model_only or marker["kind"] != "full"
@@ -729,51 +691,13 @@ class CheckpointManager:
         )
         return ts["step"], ts["tokens_seen"]
 
-    def _check_identity(self, path: str, marker: dict, meta, initial: bool) -> None:
-        """The checkpoint must belong to this run's model and tokenizer: else one line naming the difference."""
+    def _warn_tokenizer_content(self, path: str, marker: dict) -> None:
         saved, now = marker.get("tokenizer"), self.identity.get("tokenizer")
-        if saved and now and saved["path"] == now["path"] and saved["vocab_size"] != now["vocab_size"]:
-            raise UserError(  # the same file, replaced: that is the cause, whatever the model check would say
-                f"tokenizer changed since checkpoint {path} was written: it was trained with {saved['path']}"
-                f" ({saved['vocab_size']} tokens), this run uses {now['path']} ({now['vocab_size']} tokens);"
-                " restore the original tokenizer file, or start a new run in another job.dump_folder"
-            )
-        self._check_model(path, marker, meta, initial)
         if saved and now and saved["checksum"] != now["checksum"] and self.rank == 0:
             logger.warning(
                 f"tokenizer {now['path']} differs from the one checkpoint {path} was trained with ({saved['path']},"
                 f" also {saved['vocab_size']} tokens, other content): token ids may now stand for other text"
             )
-
-    def _check_model(self, path: str, marker: dict, meta, initial: bool) -> None:
-        """Every parameter of the model this run builds must exist in the checkpoint with the same global shape,
-        and the checkpoint must hold no other: else one line naming the first difference and what to change."""
-        from torchtitan.models import get_model_class, model_args_from_config
-
-        args = model_args_from_config(self.cfg.model, self.cfg.training.seq_len)
-        with torch.device("meta"):  # the whole model, whatever part of it this rank holds: no memory used
-            ours = {
-                k: list(v.shape) for k, v in get_model_class(self.cfg.model.name)(args).state_dict().items()
-            }
-        theirs = {
-            k.removeprefix("model."): list(m.size)
-            for k, m in meta.state_dict_metadata.items()
-            if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
-        }
-        diff = next(((k, theirs.get(k), s) for k, s in ours.items() if theirs.get(k) != s), None)
-        diff = diff or next(((k, s, None) for k, s in theirs.items() if k not in ours), None)
-        if diff is None:
-            return
-        name, saved_shape, our_shape = diff
-        m = self.cfg.model
-        fix = _model_fix(
-            marker.get("model"), marker.get("tokenizer"), self.identity.get("tokenizer"), m, args, initial
-        )
-        raise UserError(
-            f"checkpoint {path} belongs to another model: parameter {name} is {saved_shape or 'absent'} there"
-            f" and {our_shape or 'absent'} in this run's model ({m.name} {m.flavor}, {_describe_args(args)});"
-            f" the checkpoint's model: {_describe_model(marker.get('model'))}; {fix}"
-        )
 
     def _verify_content(self, path: str, marker: dict) -> None:
         """Checksums of every file against the marker, the files shared out over the ranks (one full read of the
@@ -841,6 +765,109 @@ class CheckpointManager:
         if self.stager is not None:
             self.stager.close()
             self.stager = None
+
+
+# ------------------------------------------------------------------------------------- what a checkpoint belongs to
+
+
+def run_identity(cfg, tokenizer) -> dict:
+    """What a checkpoint belongs to, recorded in its marker and compared on load: the model and tokenizer."""
+    from torchtitan.models import model_args_from_config
+
+    m = cfg.model
+    args = model_args_from_config(m, cfg.training.seq_len)
+    out = {"model": {"name": m.name, "flavor": m.flavor, "args": dataclasses.asdict(args)}}
+    if tokenizer is not None and os.path.isfile(getattr(tokenizer, "path", "")):
+        out["tokenizer"] = {
+            "path": os.path.abspath(tokenizer.path),
+            "vocab_size": tokenizer.vocab_size,
+            "checksum": file_checksum(tokenizer.path),
+        }
+    return out
+
+
+def _to_load(cfg) -> tuple[str, bool] | None:
+    """(the checkpoint this run loads, whether it is checkpoint.initial_load_path), or None for a fresh start:
+    checkpoint.load_step, else the newest committed full or seed checkpoint, else initial_load_path."""
+    c = cfg.checkpoint
+    if c.enable:
+        folder = os.path.join(cfg.job.dump_folder, c.folder)
+        found = committed_checkpoints(folder)
+        if c.load_step >= 0:
+            if c.load_step not in found:
+                have = ", ".join(str(s) for s in sorted(found)) or "none"
+                raise UserError(
+                    f"checkpoint.load_step={c.load_step}: no committed step-{c.load_step} in {folder};"
+                    f" committed steps: {have}"
+                )
+            return found[c.load_step], False
+        for s in sorted(found, reverse=True):
+            if _read_json(os.path.join(found[s], MARKER))["kind"] in ("full", "seed"):
+                return found[s], False
+    return (c.initial_load_path, True) if c.initial_load_path else None
+
+
+def _read_metadata(path: str):
+    try:
+        return dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:
+        raise UserError(
+            f"checkpoint file {os.path.join(path, '.metadata')} is unreadable ({type(e).__name__}: {e})"[:500]
+        ) from None
+
+
+def check_resume_target(cfg, tokenizer) -> None:
+    """Every rank, before the model is built: the checkpoint this run will load (if any) is complete (sizes) and
+    belongs to this run's model and tokenizer; else one line (exit 2) at once, not after minutes of building and
+    initializing a model that cannot load it. Reads only the marker and DCP's .metadata."""
+    picked = None if cfg.checkpoint.create_seed_checkpoint else _to_load(cfg)  # a seed run loads nothing
+    if picked is None:
+        return
+    path, initial = picked
+    check_compatible(
+        cfg, run_identity(cfg, tokenizer), path, verify_checkpoint(path), _read_metadata(path), initial
+    )
+
+
+def check_compatible(cfg, identity: dict, path: str, marker: dict, meta, initial: bool) -> None:
+    """The checkpoint must belong to this run's model and tokenizer: else one line naming the difference."""
+    saved, now = marker.get("tokenizer"), identity.get("tokenizer")
+    if saved and now and saved["path"] == now["path"] and saved["vocab_size"] != now["vocab_size"]:
+        raise UserError(  # the same file, replaced: that is the cause, whatever the model check would say
+            f"tokenizer changed since checkpoint {path} was written: it was trained with {saved['path']}"
+            f" ({saved['vocab_size']} tokens), this run uses {now['path']} ({now['vocab_size']} tokens);"
+            " restore the original tokenizer file, or start a new run in another job.dump_folder"
+        )
+    _check_model(cfg, identity, path, marker, meta, initial)
+
+
+def _check_model(cfg, identity: dict, path: str, marker: dict, meta, initial: bool) -> None:
+    """Every parameter of the model this run builds must exist in the checkpoint with the same global shape,
+    and the checkpoint must hold no other: else one line naming the first difference and what to change."""
+    from torchtitan.models import get_model_class, model_args_from_config
+
+    args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    with torch.device("meta"):  # the whole model, whatever part of it this rank holds: no memory used
+        ours = {k: list(v.shape) for k, v in get_model_class(cfg.model.name)(args).state_dict().items()}
+    theirs = {
+        k.removeprefix("model."): list(m.size)
+        for k, m in meta.state_dict_metadata.items()
+        if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
+    }
+    diff = next(((k, theirs.get(k), s) for k, s in ours.items() if theirs.get(k) != s), None)
+    diff = diff or next(((k, s, None) for k, s in theirs.items() if k not in ours), None)
+    if diff is None:
+        return
+    name, saved_shape, our_shape = diff
+    m = cfg.model
+    fix = _model_fix(
+        marker.get("model"), marker.get("tokenizer"), identity.get("tokenizer"), m, args, initial
+    )
+    raise UserError(
+        f"checkpoint {path} belongs to another model: parameter {name} is {saved_shape or 'absent'} there"
+        f" and {our_shape or 'absent'} in this run's model ({m.name} {m.flavor}, {_describe_args(args)});"
+        f" the checkpoint's model: {_describe_model(marker.get('model'))}; {fix}"
+    )
 
 
 def _describe_args(a) -> str:

@@ -24,6 +24,7 @@ from torchtitan.checkpoint import (
     CheckpointManager,
     NonFiniteError,
     PreemptionFlag,
+    check_resume_target,
     fault_hook,
     nan_hook_step,
     space_warning,
@@ -130,6 +131,7 @@ def train(cfg: JobConfig) -> int:
 
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
+    check_resume_target(cfg, tokenizer)  # the checkpoint to load fits this model: said before building it
 
     # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
     # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
