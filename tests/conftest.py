@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from torchtitan.launch import local_command
 
@@ -50,3 +53,51 @@ def run_train(
 ) -> subprocess.CompletedProcess:
     """`python train.py` for nproc == 1, else torchrun --standalone with nproc local workers."""
     return run_script(nproc, "train.py", args, timeout, env)
+
+
+# ---- checkpoint runs shared by tests/test_checkpoint.py and tests/test_faults.py ------------------------------
+
+CKPT_STEPS = 6
+CKPT_ARGS = TINY + [
+    f"--training.steps={CKPT_STEPS}",
+    "--training.mixed_precision_param=float32",
+    "--lr_scheduler.warmup_steps=2",
+    "--metrics.peak_tflops=1",  # skip the matmul calibration: these runs are about state, not speed
+    "--checkpoint.enable=true",
+    "--checkpoint.interval=3",
+]
+# 2-process runs use virtual data shards, so a 1-process run with 2 shards sees the same global batches.
+CKPT_ARGS2 = CKPT_ARGS + ["--data.num_shards=2"]
+
+
+def losses(out) -> dict[int, float]:
+    """Per-step losses of a run's metrics.jsonl (full float precision); each step must appear once."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"duplicated steps in metrics.jsonl: {steps}"
+    return {r["step"]: r["loss/global_avg"] for r in rows}
+
+
+def steps_in(out) -> list[int]:
+    from torchtitan.checkpoint import committed_checkpoints
+
+    return sorted(committed_checkpoints(str(out / "checkpoint")))
+
+
+@pytest.fixture(scope="session")
+def straight1(tmp_path_factory):
+    """An uninterrupted 1-process run with sync saves at steps 3 and 6 (read-only for the tests: copy it)."""
+    out = tmp_path_factory.mktemp("straight1")
+    r = run_train(1, CKPT_ARGS + [f"--job.dump_folder={out}"])
+    assert r.returncode == 0
+    assert steps_in(out) == [3, 6]
+    return out
+
+
+@pytest.fixture(scope="session")
+def straight2(tmp_path_factory):
+    """An uninterrupted FSDP 2 run with async saves at steps 3 and 6 (read-only for the tests: copy it)."""
+    out = tmp_path_factory.mktemp("straight2")
+    r = run_train(2, CKPT_ARGS2 + [f"--job.dump_folder={out}", "--checkpoint.async_mode=async"])
+    assert r.returncode == 0
+    return out

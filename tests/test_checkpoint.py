@@ -4,7 +4,6 @@ preemption (SIGTERM -> exit 75), torchrun restarts, resharding, corrupt files, n
 Every "identical" below is bitwise: fp32 on CPU, the resumed run's per-step losses equal the straight run's.
 """
 
-import json
 import os
 import shutil
 import signal
@@ -13,35 +12,13 @@ import sys
 
 import pytest
 
-from conftest import ROOT, TINY, run_train, train_env
-from torchtitan.checkpoint import EXIT_PREEMPTED, committed_checkpoints, verify_checkpoint
+from conftest import CKPT_ARGS, CKPT_ARGS2, CKPT_STEPS, ROOT, losses, run_train, steps_in, train_env
+from torchtitan.checkpoint import EXIT_PREEMPTED, verify_checkpoint
 from torchtitan.errors import UserError
 from torchtitan.launch import local_command
 from torchtitan.metrics import read_tensorboard_scalars
 
-STEPS = 6
-ARGS = TINY + [
-    f"--training.steps={STEPS}",
-    "--training.mixed_precision_param=float32",
-    "--lr_scheduler.warmup_steps=2",
-    "--metrics.peak_tflops=1",  # skip the matmul calibration: these runs are about state, not speed
-    "--checkpoint.enable=true",
-    "--checkpoint.interval=3",
-]
-
-# 2-process runs use virtual data shards, so a 1-process run with 2 shards sees the same global batches.
-ARGS2 = ARGS + ["--data.num_shards=2"]
-
-
-def losses(out) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in rows]
-    assert len(steps) == len(set(steps)), f"duplicated steps in metrics.jsonl: {steps}"
-    return {r["step"]: r["loss/global_avg"] for r in rows}
-
-
-def steps_in(out) -> list[int]:
-    return sorted(committed_checkpoints(str(out / "checkpoint")))
+STEPS, ARGS, ARGS2 = CKPT_STEPS, CKPT_ARGS, CKPT_ARGS2
 
 
 def torchrun(nproc: int, args: list[str], extra: list[str] = (), env=None, timeout=600):
@@ -54,23 +31,6 @@ def torchrun(nproc: int, args: list[str], extra: list[str] = (), env=None, timeo
         timeout=timeout,
     )
     return r
-
-
-@pytest.fixture(scope="module")
-def straight1(tmp_path_factory):
-    out = tmp_path_factory.mktemp("straight1")
-    r = run_train(1, ARGS + [f"--job.dump_folder={out}"])
-    assert r.returncode == 0
-    assert steps_in(out) == [3, 6]
-    return out
-
-
-@pytest.fixture(scope="module")
-def straight2(tmp_path_factory):
-    out = tmp_path_factory.mktemp("straight2")
-    r = run_train(2, ARGS2 + [f"--job.dump_folder={out}", "--checkpoint.async_mode=async"])
-    assert r.returncode == 0
-    return out
 
 
 def test_kill9_then_resume_is_bitwise_identical_async(straight1, tmp_path):
@@ -214,7 +174,9 @@ def test_missing_truncated_corrupt_files(straight1, tmp_path):
     r = run_train(1, ARGS + [f"--job.dump_folder={tmp_path}"])
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()[-1:]
-    assert line.startswith("error: checkpoint file") and "rank-0.json is corrupt" in line
+    assert (
+        line.startswith("error: checkpoint file") and "rank-0.json of step 3 is corrupt" in line
+    )  # checksum
     assert sorted(p.name for p in ck.iterdir()) == before
     meta = ck / "step-3" / ".metadata"
     meta.write_bytes(b"\0" * meta.stat().st_size)

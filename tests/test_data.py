@@ -229,11 +229,15 @@ def test_ranks_see_disjoint_documents_covering_all(tmp_path, world, n_files):
 def test_rank_with_no_documents_is_a_user_error(tmp_path):
     path = write_jsonl(tmp_path / "one.jsonl", ["only document"])
     dl = build_dataloader("x", str(path), "text", ByteTokenizer(), 1, 2, 1, 4)
-    with pytest.raises(UserError, match="no documents to data-parallel rank 1 of 2"):
+    with pytest.raises(
+        UserError, match="no non-empty 'text' documents \\(zero tokens\\) to data-parallel rank 1 of 2"
+    ):
         next(iter(dl))
     blank = tmp_path / "blank.txt"
     blank.write_text("\n\n\n")  # only empty rows: an error, not an endless loop over epochs
-    with pytest.raises(UserError, match="no documents to data-parallel rank 0 of 1"):
+    with pytest.raises(
+        UserError, match="no non-empty 'text' documents \\(zero tokens\\) to data-parallel rank 0 of 1"
+    ):
         next(iter(build_dataloader("x", str(blank), "text", ByteTokenizer(), 0, 1, 1, 4)))
 
 

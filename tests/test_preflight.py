@@ -72,10 +72,10 @@ BAD = {
     "dataset_unknown": (["--data.dataset=nosuch"], "data.dataset 'nosuch' is unknown"),
     "dataset_empty": (["--data.dataset_path={tmp}/empty.jsonl"], "empty.jsonl holds no records (empty file?)"),
     "dataset_wrong_field": (["--data.dataset_path={tmp}/other.jsonl"], "data.text_field 'text' is not a column"),
-    "dump_not_writable": (["--job.dump_folder={tmp}/afile/sub"], "job.dump_folder {tmp}/afile/sub is not writable"),
+    "dump_not_writable": (["--job.dump_folder={tmp}/afile/sub"], "job.dump_folder {tmp}/afile/sub cannot be created: {tmp}/afile is a file, not a folder"),
     "checkpoint_not_writable": (
         ["--checkpoint.enable=true", "--checkpoint.folder={tmp}/afile/ckpt"],
-        "checkpoint.folder {tmp}/afile/ckpt is not writable",
+        "checkpoint folder {tmp}/afile/ckpt cannot be created: {tmp}/afile is a file, not a folder",
     ),
     "head_does_not_resolve": (["--rdzv_endpoint=nosuchhost.invalid:29500"], "rendezvous host 'nosuchhost.invalid' does not resolve"),
     "endpoint_without_port": (["--rdzv_endpoint=localhost"], "rendezvous endpoint 'localhost' is not HOST:PORT"),

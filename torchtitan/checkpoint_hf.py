@@ -13,11 +13,14 @@ head are reordered: Meta row 2j+c (c = 0, 1) is HF row c*head_dim/2 + j. `_meta_
 `_hf_to_meta_rows` undoes it. wv, wo and everything else are identical.
 
 A converted DCP folder holds {"model": {name: tensor}} (the same keys a training checkpoint has under "model"),
-plus COMMITTED.json (kind "export") and the HF config.json, so `checkpoint.initial_load_path` can point at it.
+plus COMMITTED.json (kind "export", the model's shape, every file's size and checksum) and the HF config.json, so
+`checkpoint.initial_load_path` can point at it. A HF folder we write carries the same COMMITTED.json (kind "hf")
+beside its safetensors; reading either checks the checksums first, so a damaged file is one line naming it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -26,7 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from torchtitan.checkpoint import write_marker
+from torchtitan.checkpoint import MARKER, verify_checkpoint, write_marker
+from torchtitan.checksums import ChecksumWriter, bytes_checksum
 from torchtitan.errors import UserError
 from torchtitan.models.llama3.args import ModelArgs, RopeScaling
 
@@ -194,6 +198,8 @@ def read_hf_checkpoint(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch
     from safetensors.torch import load_file
 
     hf_dir = Path(hf_dir)
+    if (hf_dir / MARKER).is_file():  # written by write_hf_checkpoint: sizes and checksums first
+        verify_checkpoint(str(hf_dir), checksums=True)
     cfg_path = hf_dir / "config.json"
     if not cfg_path.is_file():
         raise UserError(f"{cfg_path} does not exist; a Hugging Face checkpoint folder needs config.json")
@@ -220,8 +226,10 @@ def read_hf_checkpoint(hf_dir: str | os.PathLike) -> tuple[dict, dict[str, torch
 def write_hf_checkpoint(
     out_dir: str | os.PathLike, cfg: dict, sd: dict[str, torch.Tensor], max_shard_bytes: int = 5 * 2**30
 ) -> None:
-    """config.json + safetensors, split into shards of at most max_shard_bytes with an index when > 1 shard."""
-    from safetensors.torch import save_file
+    """config.json + safetensors, split into shards of at most max_shard_bytes with an index when > 1 shard, and
+    COMMITTED.json with every file's checksum (each shard is serialized in memory, hashed and written: one
+    shard's worth of extra memory, no read-back)."""
+    from safetensors.torch import save
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -234,17 +242,21 @@ def write_hf_checkpoint(
         cur[name], size = w.contiguous(), size + nbytes
     shards.append(cur)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    if len(shards) == 1:
-        save_file(shards[0], out_dir / "model.safetensors", metadata={"format": "pt"})
-        return
-    weight_map = {}
+    checksums, weight_map = {}, {}
     for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, out_dir / fname, metadata={"format": "pt"})
+        fname = (
+            "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        )
+        data = save(shard, metadata={"format": "pt"})
+        (out_dir / fname).write_bytes(data)
+        checksums[fname] = (len(data), bytes_checksum(data))
         weight_map.update({name: fname for name in shard})
-    total = sum(w.numel() * w.element_size() for w in sd.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        del data
+    if len(shards) > 1:
+        total = sum(w.numel() * w.element_size() for w in sd.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    write_marker(str(out_dir), {"kind": "hf", "step": 0}, checksums)
 
 
 def hf_to_dcp(
@@ -254,9 +266,13 @@ def hf_to_dcp(
     cfg, sd = read_hf_checkpoint(hf_dir)
     args = model_args_from_hf_config(cfg)
     ours = {k: v.to(dtype) if dtype is not None else v for k, v in hf_to_ours(sd, args).items()}
-    dcp.save({"model": ours}, checkpoint_id=str(out_dir), no_dist=True)
+    writer = ChecksumWriter(str(out_dir))
+    dcp.save({"model": ours}, storage_writer=writer, no_dist=True)
     (Path(out_dir) / "config.json").write_text(json.dumps(cfg, indent=2))
-    write_marker(str(out_dir), {"kind": "export", "step": 0, "source": str(hf_dir)})
+    model = {"name": "llama3", "flavor": None, "args": dataclasses.asdict(args)}
+    write_marker(
+        str(out_dir), {"kind": "export", "step": 0, "source": str(hf_dir), "model": model}, writer.checksums
+    )
     return args
 
 
@@ -264,6 +280,7 @@ def load_dcp_model(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The model tensors of a DCP checkpoint (training checkpoint, export or converted), full, on CPU."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    verify_checkpoint(str(path), checksums=True)
     reader = dcp.FileSystemReader(str(path))
     meta = reader.read_metadata()
     sd = {

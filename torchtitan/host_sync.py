@@ -14,6 +14,8 @@ TORCHTITAN_TEST_SYNC_DEBUG=1 turns any synchronization on the other steps into a
     steps, a NaN never reaches a checkpoint (docs/launching.md: "Non-finite losses").
   * preemption: a signal only sets a flag; on check steps all ranks combine both flags in one tiny all-reduce, so
     every rank stops (and saves) at the same step, at most metrics.log_freq steps after the signal.
+  * a failed background (async) checkpoint save joins that all-reduce, so every rank reports it at the same check
+    step (checkpoint steps are check steps: at the latest when the next save would start).
 """
 
 from __future__ import annotations
@@ -51,14 +53,17 @@ class StepChecks:
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         self.first_bad.masked_fill_(bad & (self.first_bad == 0), step)
 
-    def agree(self, signum: int) -> tuple[int, int]:
+    def agree(self, signum: int, save_failed: bool = False) -> tuple[int, int, int]:
         """On check steps, on every rank: (first non-finite step on any rank or 0, preemption signal on any rank
-        or 0). One host read and one 2-element all-reduce over the world (gloo on CPU tensors)."""
+        or 0, 1 if a background checkpoint save failed on any rank). One host read and one 3-element all-reduce
+        over the world (gloo on CPU tensors)."""
         (first,) = to_host(self.first_bad)
         self.first_bad.zero_()
         # MAX of -first picks the earliest bad step; ranks without one send -inf
-        flags = torch.tensor([-first if first else -float("inf"), float(signum)], dtype=torch.float64)
+        flags = torch.tensor(
+            [-first if first else -float("inf"), float(signum), float(save_failed)], dtype=torch.float64
+        )
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        first_any, signum_any = flags.tolist()
-        return (0 if first_any == -float("inf") else int(-first_any)), int(signum_any)
+        first_any, signum_any, failed_any = flags.tolist()
+        return (0 if first_any == -float("inf") else int(-first_any)), int(signum_any), int(failed_any)

@@ -6,9 +6,11 @@
 
 Checks, each one line of the report: the config (strict), the mesh and every divisibility rule for the world
 size (--world_size, else WORLD_SIZE from a launcher, else 1), the node count, tokenizer against the model's
-vocabulary, the dataset (opened, one document read), the dump and checkpoint folders (writable), the head node
-(resolvable, rendezvous port free when the head is this machine; from --rdzv_endpoint or MASTER_ADDR/MASTER_PORT),
-and a rough per-device memory estimate (information only, never a failure).
+vocabulary, the dataset (opened, one document read), every folder the run writes (created and writable: dump
+folder, logs, tb, checkpoint and trace folders), the head node (resolvable, rendezvous port free when the head is
+this machine; from --rdzv_endpoint or MASTER_ADDR/MASTER_PORT), and a rough per-device memory estimate
+(information only, never a failure), plus a warning when the checkpoint folder's free space is below what
+keep_latest_k + 1 checkpoints need.
 Exit code 0 when every check passes, 2 otherwise ("error: ..." names the first failure on stderr).
 """
 
@@ -18,7 +20,6 @@ import errno
 import os
 import socket
 import sys
-import tempfile
 
 from torchtitan.config import help_text, parse_args, validate
 from torchtitan.errors import UserError
@@ -91,12 +92,13 @@ def check_tokenizer(cfg) -> str:
 
 
 def check_dataset(cfg) -> str:
-    from torchtitan.data.dataset import _open_source
+    from torchtitan.data.dataset import _open_source, read_error
 
     d = cfg.data
     where = f"data.dataset_path {d.dataset_path}" if d.dataset_path else f"data.dataset {d.dataset}"
+    files = ds = None
     try:
-        ds, where = _open_source(d.dataset, d.dataset_path, "train")
+        ds, files, where = _open_source(d.dataset, d.dataset_path, "train")
         for i, row in enumerate(ds):
             if d.text_field not in row:
                 raise UserError(
@@ -109,28 +111,22 @@ def check_dataset(cfg) -> str:
     except UserError:
         raise
     except Exception as e:  # network, permissions, corrupt files: whatever the source raises, one line
-        raise UserError(
-            f"{where} could not be read: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        ) from None
+        raise read_error(e, where, files, ds) from None
     raise UserError(f"{where} has no non-empty '{d.text_field}' document in its first rows")
 
 
-def _check_writable(folder: str, key: str) -> str:
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".preflight"):
-            pass
-    except OSError as e:
-        raise UserError(f"{key} {folder} is not writable: {e.strerror}") from None
-    return f"{folder} writable"
-
-
 def check_folders(cfg) -> str:
-    out = _check_writable(cfg.job.dump_folder, "job.dump_folder")
-    if cfg.checkpoint.enable:
-        folder = os.path.join(cfg.job.dump_folder, cfg.checkpoint.folder)
-        out += "; checkpoint " + _check_writable(folder, "checkpoint.folder")
-    return out
+    from torchtitan.disk import check_output_paths
+
+    return check_output_paths(cfg, keep=False)
+
+
+def check_space(cfg) -> str | None:
+    """A warning (never a failure) when the checkpoint folder has less free space than its checkpoints need."""
+    from torchtitan.checkpoint import space_warning
+    from torchtitan.models import model_args_from_config
+
+    return space_warning(cfg, model_args_from_config(cfg.model, cfg.training.seq_len).num_params())
 
 
 def check_rendezvous(endpoint: str | None) -> str:
@@ -224,8 +220,11 @@ def run_checks(cfg, world_size: int, nnodes: int | None = None, endpoint: str | 
         except UserError as e:
             failures.append(str(e))
             print(f"preflight: {name:<10} FAIL  {e}", file=out, flush=True)
-    if not failures:  # the estimate needs a valid mesh and model, so only when everything else passed
+    if not failures:  # the estimates need a valid mesh and model, so only when everything else passed
         print(f"preflight: {'memory':<10} info  {estimate_memory(cfg, world_size)}", file=out, flush=True)
+        low_space = check_space(cfg)
+        if low_space:
+            print(f"preflight: {'disk':<10} WARN  {low_space}", file=out, flush=True)
         print(
             f"preflight ok: {cfg.model.name} {cfg.model.flavor}, world size {world_size}",
             file=out,

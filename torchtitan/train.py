@@ -24,11 +24,14 @@ from torchtitan.checkpoint import (
     CheckpointManager,
     NonFiniteError,
     PreemptionFlag,
+    check_resume_target,
     fault_hook,
     nan_hook_step,
+    space_warning,
 )
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
+from torchtitan.disk import check_output_paths
 from torchtitan.errors import UserError
 from torchtitan.host_sync import StepChecks, forbid_syncs, to_host
 from torchtitan.log import init_logger, logger
@@ -104,6 +107,7 @@ def train(cfg: JobConfig) -> int:
     check_node_count(cfg.job.expected_nodes)
     dims = ParallelDims.from_config(cfg.parallelism, launch_world()[0])
     dump = cfg.job.dump_folder
+    check_output_paths(cfg)  # every folder the run writes: creatable and writable, before any process group
     init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
     device = pick_device()
     # NCCL error handling and flight-recorder dumps, cuBLAS determinism: set before those libraries start
@@ -115,6 +119,8 @@ def train(cfg: JobConfig) -> int:
             cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
         )
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
+    if rank == 0 and (low_space := space_warning(cfg, model_args.num_params())):
+        logger.warning(low_space)
     preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
@@ -131,6 +137,7 @@ def train(cfg: JobConfig) -> int:
 
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
+    check_resume_target(cfg, tokenizer)  # the checkpoint to load fits this model: said before building it
 
     # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
     # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
@@ -288,10 +295,15 @@ def train(cfg: JobConfig) -> int:
             pp_mesh=dims.mesh("pp") if dims.pp_enabled else None,
         )
         # Non-finite values are remembered on the device every step and read on check steps, where all ranks also
-        # agree on a preemption signal (one tiny all-reduce), so they skip/stop/save at the same step. Save steps
-        # are check steps and the check comes before optimizer.step: a NaN never reaches a checkpoint.
+        # agree on a preemption signal and on a failed background checkpoint save (one tiny all-reduce), so they
+        # skip/stop/save at the same step. Save steps are check steps and the check comes before optimizer.step:
+        # a NaN never reaches a checkpoint.
         checks.record(step, loss, grad_norm)
-        bad_step, signum = checks.agree(preempt.signum) if check_step else (0, 0)
+        bad_step, signum, save_failed = (
+            checks.agree(preempt.signum, ckpt.failed()) if check_step else (0, 0, 0)
+        )
+        if save_failed:
+            ckpt.report_failure()  # every rank: one line (what failed, free space, last good checkpoint), exit 2
         if bad_step:
             loss_now, norm_now = to_host(loss, grad_norm)
             now = f"loss {loss_now:.4g}, grad norm {norm_now:.4g} on rank {rank}"

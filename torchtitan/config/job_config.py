@@ -169,6 +169,11 @@ class Checkpoint:
         0, "keep only the newest K committed checkpoints (older ones are deleted after a save); 0 = keep all"
     )
     load_step: int = opt(-1, "step to resume from: -1 = the latest committed checkpoint in the folder")
+    verify_on_load: bool = opt(
+        True,
+        "before loading, check every file's content checksum against the checkpoint's marker (one extra read"
+        " of the checkpoint, shared out over the ranks); a mismatch stops the run naming the file",
+    )
     async_mode: Literal["disabled", "async"] = opt(
         "disabled",
         "async: write checkpoints in a background thread while training continues (dcp.async_save)",

@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import glob
 import logging
+import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -49,15 +51,32 @@ def _builder_for(path: str) -> str | None:
     return _BUILDERS.get(Path(name).suffix)
 
 
+def _list_files(p: Path, spec: str) -> list[str]:
+    """Every file under folder `p`, sorted; a folder that cannot be read is an error, not silently skipped."""
+
+    def fail(e: OSError):
+        raise UserError(f"data.dataset_path {spec}: cannot read folder {e.filename}: {e.strerror}")
+
+    found = []
+    for d, dirs, names in os.walk(p, onerror=fail):
+        dirs[:] = sorted(n for n in dirs if not n.startswith("."))
+        found += [os.path.join(d, n) for n in names if not n.startswith(".")]
+    return sorted(found)
+
+
 def _load_files(spec: str):
-    """A file, a glob or a folder of .json/.jsonl/.parquet/.txt files, streamed by the matching builder."""
+    """(HF dataset, files): a file, a glob or a folder of .json/.jsonl/.parquet/.txt files, streamed by the
+    matching builder. `files` is (builder, [paths]), kept to name the file behind a read error."""
     from datasets import load_dataset
 
+    # The builders log a read failure as an ERROR line before raising it; read_error reports it (one line that
+    # names the file), so theirs would only be a second, vaguer line.
+    logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
     p = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
         candidates = sorted(glob.glob(str(p), recursive=True))
     elif p.is_dir():
-        candidates = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+        candidates = _list_files(p, spec)
     elif p.is_file():
         candidates = [str(p)]
     else:
@@ -72,11 +91,94 @@ def _load_files(spec: str):
         raise UserError(
             f"data.dataset_path {spec} mixes file types ({', '.join(sorted(builders))}); use one type"
         )
+    builder = builders.pop()
     # A user's files are one split: everything found is read, whatever split was asked for.
     try:
-        return load_dataset(builders.pop(), data_files=files, split="train", streaming=True)
+        return load_dataset(builder, data_files=files, split="train", streaming=True), (builder, files)
     except StopIteration:  # datasets' schema inference reads the first record; an empty file has none
         raise UserError(f"data.dataset_path {spec} holds no records (empty file?)") from None
+    except UserError:
+        raise
+    except Exception as e:  # parquet's schema is read here: a corrupt file fails before any row
+        raise read_error(e, f"data.dataset_path {spec}", (builder, files)) from None
+
+
+# ------------------------------------------------------------------------------------------------ read errors
+
+_PROBE_SECONDS = 60.0  # how long a read error may spend finding its file by reading the files one by one
+
+
+def _short(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def _tracked_files(hf_dataset) -> list[str]:
+    """Files the datasets library says it is reading (its own error reports use the same record)."""
+    try:
+        from datasets.utils.track import TrackedIterableFromGenerator
+
+        out = []
+        for v in getattr(hf_dataset._ex_iterable, "kwargs", {}).values():
+            for it in v if isinstance(v, list) else [v]:
+                if isinstance(it, TrackedIterableFromGenerator) and it.last_item is not None:
+                    out.append(str(it.last_item))
+        return out
+    except Exception:  # private structure of datasets: only a shortcut, the probe below does not need it
+        return []
+
+
+def _probe(builder: str, path: str) -> BaseException | None:
+    """Read one file alone with the same builder; its error, or None."""
+    from datasets import load_dataset
+
+    try:
+        for _ in load_dataset(builder, data_files=[path], split="train", streaming=True):
+            pass
+    except Exception as e:
+        return e
+    return None
+
+
+def read_error(e: BaseException, where: str, files, hf_dataset=None) -> UserError:
+    """One line naming the file behind an exception raised while reading a data source.
+
+    The exceptions of pyarrow, gzip, zstd etc. do not name the file, so: an OSError's own filename, else the
+    file the datasets library was reading (if it is one of ours and fails alone), else each file read alone in
+    order (for at most _PROBE_SECONDS; this is the error path) until one fails.
+    """
+    if isinstance(e, OSError) and e.filename:
+        return UserError(f"{where}: cannot read {e.filename}: {e.strerror or _short(e)}")
+    if files is None:
+        return UserError(f"{where} could not be read: {_short(e)}")
+    builder, paths = files
+    tracked = [f for f in _tracked_files(hf_dataset) if f in paths] if hf_dataset is not None else []
+    deadline = time.monotonic() + _PROBE_SECONDS
+    for path in dict.fromkeys(tracked + paths):
+        if time.monotonic() > deadline:
+            break
+        err = _probe(builder, path)
+        if err is not None:
+            return UserError(f"{where}: {_bad_file(path, err)}")
+    return UserError(f"{where} could not be read ({_short(e)}); one of its {len(paths)} files is damaged")
+
+
+def _bad_file(path: str, err: BaseException) -> str:
+    name, comp = path.lower(), ""
+    for c in _COMPRESSION:
+        if name.endswith(c):
+            name, comp = name.removesuffix(c), c
+    kind = {"json": "JSON lines", "parquet": "Parquet", "text": "UTF-8 text"}[_builder_for(name)]
+    if comp and "not supported" in str(err):
+        return (
+            f"{path} is {comp}-compressed but this Python cannot decompress {comp} ({_short(err)}); install the"
+            " codec (e.g. pip install zstandard for .zst) or decompress the file"
+        )
+    if comp:
+        return (
+            f"{path} is not valid {kind} compressed as {comp} ({_short(err)}); fix, re-compress or remove it"
+        )
+    return f"{path} is not valid {kind} ({_short(err)}); fix or remove it"
 
 
 def _load_c4(split: str):
@@ -101,25 +203,32 @@ def _load_debug_corpus(split: str):
     return _load_files(str(path))
 
 
-# Built-in sources: name -> (split -> HF IterableDataset). Each yields dicts with a "text" field.
+# Built-in sources: name -> (split -> HF IterableDataset, or (dataset, (builder, files)) for local files, so that a
+# read error can name its file). Each yields dicts with a "text" field.
 DATASETS: dict[str, Callable] = {"c4": _load_c4, "debug_corpus": _load_debug_corpus}
 
 
 def _open_source(dataset: str, dataset_path: str | None, split: str):
+    """(HF dataset, (builder, files) of local files or None, the source's name for messages)."""
     if dataset_path:  # the user's files replace the named source's location
-        return _load_files(dataset_path), f"data.dataset_path {dataset_path}"
+        return *_load_files(dataset_path), f"data.dataset_path {dataset_path}"
     if dataset not in DATASETS:
         raise UserError(
             f"data.dataset '{dataset}' is unknown; built-in sources are {', '.join(sorted(DATASETS))}, "
             "or set data.dataset_path to your own files"
         )
-    return DATASETS[dataset](split), f"data.dataset {dataset}"
+    found = DATASETS[dataset](split)
+    ds, files = found if isinstance(found, tuple) else (found, None)
+    return ds, files, f"data.dataset {dataset}"
 
 
-def _check_text_field(ds, text_field: str, where: str) -> None:
+def _check_text_field(ds, text_field: str, where: str, files=None) -> None:
     columns = ds.column_names  # known up front for parquet; json/text only reveal it on the first row
     if columns is None:
-        first = next(iter(ds), None)
+        try:
+            first = next(iter(ds), None)
+        except Exception as e:
+            raise read_error(e, where, files, ds) from None
         if first is None:
             raise UserError(f"{where} contains no rows")
         columns = list(first)
@@ -165,7 +274,10 @@ class _Shard:
                 row = next(self.it)
             except StopIteration:
                 if self.docs_this_pass == 0 and self.pass_from_start:
-                    raise UserError(f"{dl.name} gives no documents to {self.label}; {self.fix}") from None
+                    raise UserError(
+                        f"{dl.name} gives no non-empty '{dl.text_field}' documents (zero tokens) to {self.label};"
+                        f" {self.fix}"
+                    ) from None
                 if not dl.infinite:
                     raise _Exhausted from None
                 self.epoch += 1
@@ -175,6 +287,12 @@ class _Shard:
                     f"{dl.name}: {self.label} reached the end of its data; starting epoch {self.epoch}"
                 )
                 continue
+            except UserError:
+                raise
+            except (
+                Exception
+            ) as e:  # a corrupt file anywhere in the source: one line naming it, not a traceback
+                raise read_error(e, dl.name, dl.files, self.ds) from None
             if dl.text_field not in row:
                 raise UserError(
                     f"data.text_field '{dl.text_field}' is not a column of {dl.name}; columns are {', '.join(row)}"
@@ -261,10 +379,12 @@ class TextDataLoader:
         infinite: bool = True,
         name: str = "dataset",
         num_shards: int | None = None,
+        files=None,
     ):
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_world_size})")
         self.tokenizer, self.text_field, self.name = tokenizer, text_field, name
+        self.files = files  # (builder, paths) of local files, to name the one behind a read error
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.batch_size, self.seq_len, self.infinite = batch_size, seq_len, infinite
         self.virtual = num_shards is not None
@@ -345,11 +465,21 @@ def build_dataloader(
     num_shards (data.num_shards): split the documents into this many virtual shards so that the global batch is
     the same for every data-parallel degree dividing it; None = one shard per data-parallel rank.
     """
-    hf, where = _open_source(dataset, dataset_path, split)
-    if dataset_path or dataset == "debug_corpus":  # local files: checking the column costs one read
-        _check_text_field(hf, text_field, where)
+    hf, files, where = _open_source(dataset, dataset_path, split)
+    if files is not None:  # local files: checking the column costs one read
+        _check_text_field(hf, text_field, where, files)
     return TextDataLoader(
-        hf, tokenizer, text_field, dp_rank, dp_world_size, batch_size, seq_len, infinite, where, num_shards
+        hf,
+        tokenizer,
+        text_field,
+        dp_rank,
+        dp_world_size,
+        batch_size,
+        seq_len,
+        infinite,
+        where,
+        num_shards,
+        files,
     )
 
 
