@@ -7,22 +7,11 @@ xfail(strict=True) with the reason, so the suite turns red the day it starts pas
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from conftest import ROOT
-from torchtitan.config import parse_args
-from torchtitan.estimate import Calibration, build_plan, estimate_inference, estimate_plan, estimate_training
-from torchtitan.estimate.plan import resolve_hardware
-from torchtitan.models import model_args_from_config
+from torchtitan.estimate.validation import cpu_estimate, inference_estimate, load_reference, training_estimate
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-REF = tomllib.loads((ROOT / "tests" / "estimate_reference.toml").read_text())
+REF = load_reference()
 TPS_GOAL, MEM_GOAL, DECODE_GOAL = 0.15, 0.10, 0.15
 
 # Rows outside the goal with the defaults, and why (docs/estimate.md, "Validation"). Never tuned per row.
@@ -38,21 +27,12 @@ OUTSIDE_MEM = {
 }
 
 
-def training_cfg(row: dict):
-    argv = list(row["args"])
-    for key, value in REF["parts"].get(row.get("part", ""), {}).items():
-        argv.append(f"--estimate.{key}={value}")
-    argv += [f"--estimate.num_devices={row['num_devices']}", *row.get("estimate_args", [])]
-    return parse_args(argv)
-
-
 _CACHE: dict[str, dict] = {}
 
 
-def training_estimate(row_id: str) -> dict:
+def training(row_id: str) -> dict:
     if row_id not in _CACHE:
-        row = next(r for r in REF["training"] if r["id"] == row_id)
-        _CACHE[row_id] = estimate_training(training_cfg(row))
+        _CACHE[row_id] = training_estimate(REF, next(r for r in REF["training"] if r["id"] == row_id))
     return _CACHE[row_id]
 
 
@@ -67,7 +47,7 @@ def _marked(rows, outside: dict):
 
 @pytest.mark.parametrize("row", _marked(REF["training"], OUTSIDE_TPS))
 def test_training_tokens_per_sec(row):
-    est = training_estimate(row["id"])["tokens_per_sec_per_device"]
+    est = training(row["id"])["tokens_per_sec_per_device"]
     err = est / row["tokens_per_sec"] - 1
     assert abs(err) <= TPS_GOAL, (
         f"{row['id']}: estimated {est:,.0f} vs published {row['tokens_per_sec']:,} ({err:+.1%})"
@@ -76,7 +56,7 @@ def test_training_tokens_per_sec(row):
 
 @pytest.mark.parametrize("row", _marked(REF["training"], OUTSIDE_MEM))
 def test_training_memory(row):
-    r = training_estimate(row["id"])
+    r = training(row["id"])
     err = r["memory_gib"] / row["memory_gib"] - 1
     assert abs(err) <= MEM_GOAL, (
         f"{row['id']}: estimated {r['memory_gib']:.1f} vs {row['memory_gib']} GiB ({err:+.1%})"
@@ -89,28 +69,17 @@ def test_orderings(name):
     ids = REF["orderings"][name]
     published = [next(r for r in REF["training"] if r["id"] == i)["tokens_per_sec"] for i in ids]
     assert published == sorted(published, reverse=True)  # the data file lists them fastest first
-    est = [training_estimate(i)["tokens_per_sec_per_device"] for i in ids]
+    est = [training(i)["tokens_per_sec_per_device"] for i in ids]
     assert est == sorted(est, reverse=True), dict(zip(ids, est))
 
 
 @pytest.mark.parametrize("row", REF["inference"], ids=[r["id"] for r in REF["inference"]])
 def test_inference_tokens_per_sec(row):
-    cfg = parse_args([*row["args"], *REF["inference_common"]["estimate_args"], *row["estimate_args"]])
-    e = cfg.estimate
-    r = estimate_inference(
-        model_args_from_config(cfg.model, cfg.training.seq_len), resolve_hardware(e), e.batch_size, e.prompt_len,
-        e.gen_len, e.weight_dtype, cfg.parallelism.tensor_parallel_degree,
-    )  # fmt: skip
+    r = inference_estimate(REF, row)
     err = r["tokens_per_sec"] / row["tokens_per_sec"] - 1
     assert abs(err) <= DECODE_GOAL, (
         f"{row['id']}: {r['tokens_per_sec']:.1f} vs {row['tokens_per_sec']} ({err:+.1%})"
     )
-
-
-def _cpu_calibration(cal: dict) -> Calibration:
-    c = Calibration(**{k: v for k, v in cal.items() if k != "matmul_tflops"})
-    c.matmul_tflops = {tuple(x[:3]): x[3] for x in cal["matmul_tflops"]}
-    return c
 
 
 OUTSIDE_CPU_RSS = {
@@ -121,19 +90,11 @@ OUTSIDE_CPU_RSS = {
 }
 
 
-def _cpu_estimate(row: dict) -> dict:
-    """The estimate for a CPU row from the calibration stored with it (measured on this machine)."""
-    cfg = parse_args(
-        [*row["args"], "--estimate.hardware=cpu", f"--estimate.num_devices={row['num_devices']}"]
-    )
-    return estimate_plan(build_plan(cfg, _cpu_calibration(row["calibration"])))
-
-
 @pytest.mark.parametrize("row", REF["cpu"], ids=[r["id"] for r in REF["cpu"]])
 def test_cpu_step_time_against_measured_run(row):
     """This machine: a real debug-model run and the estimate from a calibration taken on the same machine
     (both stored, measured under `mlock exclusive`; nothing is timed here)."""
-    r = _cpu_estimate(row)
+    r = cpu_estimate(row)
     err = r["step_time_s"] / row["step_time_s"] - 1
     assert abs(err) <= TPS_GOAL, (
         f"step {r['step_time_s']:.3f} s vs measured {row['step_time_s']} ({err:+.1%})"
@@ -142,7 +103,7 @@ def test_cpu_step_time_against_measured_run(row):
 
 @pytest.mark.parametrize("row", _marked(REF["cpu"], OUTSIDE_CPU_RSS))
 def test_cpu_rss_against_measured_run(row):
-    r = _cpu_estimate(row)
+    r = cpu_estimate(row)
     err = r["memory_gib"] / row["max_rss_gib"] - 1
     assert abs(err) <= MEM_GOAL, (
         f"RSS {r['memory_gib']:.3f} vs measured {row['max_rss_gib']} GiB ({err:+.1%})"

@@ -38,9 +38,8 @@ class BlockShape:
     tp: int
     sequence_parallel: bool
     act_bytes: int = BF16  # 4 for an fp32 run
-    fused_norm: bool = (
-        True  # torch.rms_norm has a fused kernel on CUDA; elsewhere it is composite (fp32 upcast)
-    )
+    # torch.rms_norm has a fused kernel on CUDA; elsewhere it is composite (fp32 upcast)
+    fused_norm: bool = True
 
     @property
     def d_s(self) -> float:

@@ -134,8 +134,6 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
 
     backward_start = params + states + grads + acts + logits + fsdp + f8
     optimizer_phase = params + states + MASTER_BYTES * p_local * 2  # gradients + foreach temporaries
-    if not sharded:
-        optimizer_phase += MASTER_BYTES * p_local  # unsharded gradients (n == 1: p_local == p_rank)
     if optimizer_phase > backward_start:
         parts = {"parameters": params, "gradients": 2 * MASTER_BYTES * p_local, "optimizer_states": states}
         parts.update({k: 0.0 for k in ("activations", "logits_loss", "fsdp_buffers", "float8_extras")})

@@ -59,9 +59,7 @@ class Calibration:
     attention_tflops: float | None = None  # SDPA forward+backward on the FLOPs it does
     hbm_gbps: float | None = None  # elementwise copy bandwidth actually sustained
     collective_gbps: float | None = None  # all-gather / reduce-scatter bus bandwidth between the processes
-    runtime_rss_gib: float | None = (
-        None  # CPU: resident memory of a trainer process before it allocates a model
-    )
+    runtime_rss_gib: float | None = None  # CPU: resident memory of the trainer's runtime, before any model
     notes: list = field(default_factory=list)
 
 

@@ -238,9 +238,8 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
     frac = (n - 1) / n
     ag = [size[k] * (gb if k == "block" else plan.act_bytes) * frac / bw for k in kinds]
     rs = [size[k] * plan.reduce_bytes * frac / bw for k in kinds]
-    if (
-        d.dp_replicate > 1
-    ):  # HSDP: the shard's gradients are all-reduced across replicas after the reduce-scatter
+    if d.dp_replicate > 1:
+        # HSDP: the shard's gradients are all-reduced across replicas after the reduce-scatter
         rep_bw = _link(plan, r, d.dp_replicate * span)
         rep = 2 * (d.dp_replicate - 1) / d.dp_replicate * plan.reduce_bytes / n / rep_bw
         rs = [x + size[k] * rep for x, k in zip(rs, kinds)]
@@ -268,11 +267,11 @@ def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool
     vol = tokens * plan.args.dim * plan.act_bytes * (t - 1) / t
     per_coll = vol / bw
     if plan.sequence_parallel:
-        n = sum(
-            4 + 4 + tp_collectives_recomputed(m) for m in modes
-        )  # fwd 2 AG + 2 RS, bwd the same, recompute
+        # forward 2 all-gathers + 2 reduce-scatters, backward the same, plus what recompute repeats
+        n = sum(4 + 4 + tp_collectives_recomputed(m) for m in modes)
     else:
-        n = sum(2 * (2 + 2 + (2 if m == "full" else 0)) for m in modes)  # all-reduce = 2x the bytes
+        # 2 all-reduces forward, 2 backward (2 more for full recompute); an all-reduce moves 2x the bytes
+        n = sum(2 * (2 + 2 + (2 if m == "full" else 0)) for m in modes)
     n += (2 if has_emb else 0) + (2 if has_head else 0)
     return n * per_coll
 
@@ -287,9 +286,8 @@ def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: 
     kv_bytes = tokens * 2 * plan.shape.kv * plan.act_bytes * (c - 1)  # the other ranks' K and V
     total = 0.0
     for m in modes:
-        n = (
-            1 + 2 + (1 if recomputes_attention(m) else 0)
-        )  # fwd all-gather; bwd gather + reduce-scatter of dK/dV
+        # forward all-gather; backward gather + reduce-scatter of dK/dV; recompute gathers again
+        n = 1 + 2 + (1 if recomputes_attention(m) else 0)
         total += n * kv_bytes / bw
     if plan.cfg.parallelism.context_parallel_rotate_method == "alltoall":
         return max(0.0, total - attention_s)  # ring passes overlap the per-step attention
@@ -304,9 +302,8 @@ def pipeline_ratio(plan: Plan) -> float:
     v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
     ratio = (p - 1) / (v * m)
     if "ZeroBubble" in plan.pp_plan.schedule:
-        ratio /= (
-            3  # backward-weight work fills most of the bubble (Qi et al. 2023, ZB-H1: about a third remains)
-        )
+        # backward-weight work fills most of the bubble (Qi et al. 2023, ZB-H1: about a third remains)
+        ratio /= 3
     return ratio
 
 
