@@ -20,6 +20,7 @@ from torchtitan.estimate import (
     estimate_inference,
     estimate_plan,
     estimate_training,
+    generation_latency,
     resolve_hardware,
 )
 from torchtitan.estimate.__main__ import main as estimate_main
@@ -268,6 +269,32 @@ def test_inference_keys_and_behaviour(tmp_path, capsys):
     assert big["tokens_per_sec"] > 10 * r["bfloat16"]["tokens_per_sec"]
     with pytest.raises(UserError, match="tensor_parallel_degree 3 must divide"):
         estimate_inference(args, hw, 1, 8, 8, "bfloat16", tp=3)
+
+
+def test_generation_latency_for_the_generate_benchmark():
+    """The function the generation benchmark calls: same numbers as the inference estimate, the GPU named by its
+    table slug or by what torch.cuda.get_device_name() reports."""
+    args = get_model_args("8B")
+    hw = resolve_hardware(parse_args(["--estimate.hardware=h100-sxm"]).estimate)
+    full = estimate_inference(args, hw, 4, 512, 128, "int8")
+    for gpu in ("h100-sxm", "NVIDIA H100 80GB HBM3", hw):
+        g = generation_latency(args, gpu, batch=4, prompt_len=512, gen_len=128, weight_dtype="int8")
+        assert (g.prefill_ms, g.decode_ms_per_token, g.tokens_per_sec) == (
+            full["prefill_ms"], full["decode_ms_per_token"], full["tokens_per_sec"]
+        )  # fmt: skip
+        assert g.hardware == "H100 SXM"
+    short = generation_latency(args, "h100-sxm", prompt_len=128, gen_len=16)
+    long = generation_latency(args, "h100-sxm", prompt_len=32768, gen_len=16)
+    assert long.decode_ms_per_token > short.decode_ms_per_token  # a longer KV cache to read per step
+    assert long.prefill_ms > 100 * short.prefill_ms  # compute-bound: FLOPs grow at least linearly
+    assert (
+        generation_latency(args, "a100", tp=2).decode_ms_per_token
+        < generation_latency(args, "a100").decode_ms_per_token
+    )
+    with pytest.raises(UserError, match="unknown hardware 'NVIDIA H800'"):
+        generation_latency(args, "NVIDIA H800")
+    with pytest.raises(UserError, match="run with --estimate.calibrate"):
+        generation_latency(args, "cpu")
 
 
 # ---------------------------------------------------------------- [model] shape fields

@@ -5,16 +5,18 @@ latency, analytically, with the trainer's FLOPs counter and hardware table (docs
         --estimate.hardware h100-sxm --estimate.num_devices 256 --estimate.total_tokens 15e12
 """
 
-from .inference import estimate_inference
+from .inference import GenerationLatency, estimate_inference, generation_latency
 from .plan import Calibration, Hardware, build_plan, resolve_hardware
 from .training import estimate_plan, estimate_training
 
 __all__ = [
     "Calibration",
+    "GenerationLatency",
     "Hardware",
     "build_plan",
     "estimate_inference",
     "estimate_plan",
     "estimate_training",
+    "generation_latency",
     "resolve_hardware",
 ]

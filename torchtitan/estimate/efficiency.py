@@ -15,12 +15,10 @@ from dataclasses import dataclass
 class Efficiency:
     # ---- compute (fractions of the dense peak of the matmul's dtype) ----
     matmul_bf16: float = 0.55  # a large bf16 GEMM (all dims >= a few thousand): cuBLAS on Hopper, in training
-    matmul_fp8: float = (
-        0.50  # a large float8 GEMM, of the FP8 peak (torchao tensorwise/rowwise via _scaled_mm)
-    )
-    attention_fwd: float = (
-        0.33  # flash attention forward, of the BF16 peak, on the FLOPs it really does (causal)
-    )
+    # a large float8 GEMM, of the FP8 peak (torchao tensorwise/rowwise via _scaled_mm)
+    matmul_fp8: float = 0.50
+    # flash attention forward, of the BF16 peak, on the FLOPs it really does (causal)
+    attention_fwd: float = 0.33
     attention_bwd: float = 0.25  # flash attention backward (5 matmuls, recomputes the scores), same basis
     # ---- memory-bound work (fractions of the HBM bandwidth) ----
     hbm: float = 0.80  # elementwise kernels, casts, the loss, the optimizer
@@ -33,14 +31,12 @@ class Efficiency:
     # ---- memory ----
     fragmentation: float = 0.05  # caching-allocator reserved / allocated at the peak
     allocator_fixed_gib: float = 0.5  # cuBLAS/cuDNN workspaces and small pools held in the allocator
-    cuda_context_gib: float = (
-        1.0  # CUDA context + NCCL buffers: outside the allocator, counted only for `fits`
-    )
+    # CUDA context + NCCL buffers: outside the allocator, counted only for `fits`
+    cuda_context_gib: float = 1.0
     # ---- inference (decode reads every weight once per step: bandwidth-bound) ----
     decode_hbm_bf16: float = 0.83  # gpt-fast: "peak bandwidth is about 1700 GB/s" on its 330 W A100 (of 2039)
-    decode_hbm_int8: float = (
-        0.65  # weight-only int8: dequantize fused into the GEMV, lower sustained bandwidth
-    )
+    # weight-only int8: dequantize fused into the GEMV, lower sustained bandwidth
+    decode_hbm_int8: float = 0.65
     decode_hbm_int4: float = 0.55  # int4 group-32 (tinygemm): unpacking + per-group scales
     decode_layer_overhead_us: float = 55.0  # fixed per layer and decode step (kernel tails under CUDA graphs)
 

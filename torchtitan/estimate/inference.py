@@ -7,17 +7,21 @@ latency, not bandwidth. Prefill is one forward over the prompt: compute-bound fo
 hundred tokens. Weight-only quantization (gpt-fast style): int8 with one bf16 scale per output channel, int4 in
 groups of 32 with a bf16 scale and zero per group; embeddings stay bf16, the KV cache is bf16.
 
-Usable from Python (generation reads it): estimate_inference(model_args, hardware, batch, prompt_len, gen_len,
-weight_dtype, tp) -> dict.
+Usable from Python: estimate_inference(model_args, hardware, batch, prompt_len, gen_len, weight_dtype, tp) -> dict,
+and for the generation benchmark's predicted column, generation_latency(model_args, gpu, batch, prompt_len,
+gen_len, weight_dtype, tp) -> GenerationLatency (prefill_ms, decode_ms_per_token, tokens_per_sec).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from torchtitan.config.job_config import Estimate
 from torchtitan.errors import UserError
 from torchtitan.models.llama3 import ModelArgs
 
 from .efficiency import DEFAULT, Efficiency
-from .plan import GIB, Hardware, model_linears
+from .plan import GIB, Hardware, model_linears, resolve_hardware
 
 WEIGHT_BYTES = {"bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 INT4_GROUP = 32
@@ -118,3 +122,31 @@ def estimate_inference(
         "fits": memory + eff.cuda_context_gib * GIB <= hardware.memory_gib * GIB,
         "bandwidth_bound": dec_bytes / hbm >= dec_flops / peak,
     }
+
+
+@dataclass(frozen=True)
+class GenerationLatency:
+    prefill_ms: float  # one forward over the batch's prompts
+    decode_ms_per_token: float  # one decode step (a token for every sequence of the batch), mean over gen_len
+    tokens_per_sec: float  # generated tokens of the whole batch over prefill + decode
+    hardware: str  # the hardware-table entry the figures are for
+
+
+def generation_latency(
+    model_args: ModelArgs,
+    gpu: str | Hardware,
+    batch: int = 1,
+    prompt_len: int = 1,
+    gen_len: int = 1,
+    weight_dtype: str = "bfloat16",
+    tp: int = 1,
+) -> GenerationLatency:
+    """The estimator's prediction for a generation run, for a benchmark to print next to what it measured.
+
+    `gpu` is a hardware-table name ("h100-sxm", "a100"), what torch.cuda.get_device_name() returns ("NVIDIA H100
+    80GB HBM3"), or a resolved Hardware. The decode step's cost grows with the KV cache, so decode_ms_per_token is
+    the mean over the `gen_len` steps after a `prompt_len` prompt (the step at context prompt_len + gen_len/2).
+    An unknown device or a CPU (whose rates only a calibration gives) raises UserError."""
+    hw = gpu if isinstance(gpu, Hardware) else resolve_hardware(Estimate(hardware=gpu, num_devices=tp))
+    r = estimate_inference(model_args, hw, batch, prompt_len, gen_len, weight_dtype, tp)
+    return GenerationLatency(r["prefill_ms"], r["decode_ms_per_token"], r["tokens_per_sec"], hw.name)
