@@ -131,15 +131,18 @@ def test_master_addr_from_the_environment_is_checked(capsys, dump, monkeypatch):
     assert code == 2 and "rendezvous host 'nosuchhost.invalid' does not resolve" in err
 
 
-def test_memory_estimate_counts_sharded_states(capsys, dump):
+def test_memory_estimate_is_the_estimators(capsys, dump):
     from torchtitan.config import parse_args
+    from torchtitan.estimate.training import estimate_memory
     from torchtitan.models import model_args_from_config
 
     cfg = parse_args([*BASE, dump])
     n = model_args_from_config(cfg.model, 64).num_params()
     for world in (1, 4):
-        line = preflight.estimate_memory(cfg, world)
-        assert f"weights+grads+AdamW {16 * n / world / 2**30:.2f}" in line
+        m = estimate_memory(cfg, world)
+        assert f"~{m['memory_gib']:.2f} GiB per device" in preflight.estimate_memory(cfg, world)
+        # the fp32 master weights are sharded over the world (1 rank: nothing sharded)
+        assert abs(m["memory_breakdown_gib"]["parameters"] - 4 * n / world / 2**30) < 1e-3
 
 
 def test_dry_run_from_the_trainer(tmp_path):

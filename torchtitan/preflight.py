@@ -8,7 +8,7 @@ Checks, each one line of the report: the config (strict), the mesh and every div
 size (--world_size, else WORLD_SIZE from a launcher, else 1), the node count, tokenizer against the model's
 vocabulary, the dataset (opened, one document read), every folder the run writes (created and writable: dump
 folder, logs, tb, checkpoint and trace folders), the head node (resolvable, rendezvous port free when the head is
-this machine; from --rdzv_endpoint or MASTER_ADDR/MASTER_PORT), and a rough per-device memory estimate
+this machine; from --rdzv_endpoint or MASTER_ADDR/MASTER_PORT), and the estimator's per-device peak memory
 (information only, never a failure), plus a warning when the checkpoint folder's free space is below what
 keep_latest_k + 1 checkpoints need.
 Exit code 0 when every check passes, 2 otherwise ("error: ..." names the first failure on stderr).
@@ -161,45 +161,24 @@ def check_rendezvous(endpoint: str | None) -> str:
 
 
 def estimate_memory(cfg, world_size: int) -> str:
-    """A rough per-device figure: fp32 master weights + grads + AdamW moments (16 B/param) sharded over the
-    whole world, plus activations saved for backward. Not counted: allocator fragmentation, communication
-    buffers, FSDP's gathered layers, the CUDA context (~0.5-1 GiB): treat the result as a lower bound."""
-    from torchtitan.models import model_args_from_config
-    from torchtitan.parallel.dims import ParallelDims
+    """The estimator's peak memory per device (torchtitan/estimate, docs/estimate.md) for this world size on this
+    machine's device: one memory model for the preflight and `python -m torchtitan.estimate`."""
+    from torchtitan.estimate.training import estimate_memory as estimate
 
-    a = model_args_from_config(cfg.model, cfg.training.seq_len)
-    dims = ParallelDims.from_config(cfg.parallelism, world_size)
-    t = cfg.training
-    states = (
-        16 * a.num_params() / world_size
-    )  # every layout shards the states over all ranks (FSDP x TP x PP)
-    act_bytes = 2 if t.mixed_precision_param == "bfloat16" else 4
-    tokens = t.local_batch_size * t.seq_len / (dims.cp * dims.tp)  # sequence parallel / CP split the tokens
-    kv_dim = a.n_kv_heads * a.head_dim
-    # Tensors a Llama block keeps for backward, per token: norms' inputs/outputs, q/k/v, attention output,
-    # the FFN's w1/w3 outputs, their SiLU and product (counted from the block's forward).
-    per_layer = (6 * a.dim + 2 * kv_dim + 4 * a.ffn_hidden_dim) * act_bytes
-    layers = a.n_layers / dims.pp
-    if cfg.activation_checkpoint.mode == "full":
-        acts = tokens * (layers * a.dim * act_bytes + per_layer)  # block inputs + one block recomputed
-    else:
-        acts = tokens * layers * per_layer
-    logits = tokens * a.vocab_size * (act_bytes + 8)  # logits, fp32 copy for the loss, fp32 gradient
-    total = states + acts + logits
-    gib = 2.0**30
-    line = (
-        f"~{total / gib:.2f} GiB per device (weights+grads+AdamW {states / gib:.2f}, activations "
-        f"{acts / gib:.2f}, logits {logits / gib:.2f}; rough lower bound)"
-    )
     try:
-        import torch
-
-        if torch.cuda.is_available():
-            cap = torch.cuda.get_device_properties(0).total_memory
-            line += f"; device has {cap / gib:.1f} GiB" + (" -- LIKELY OOM" if total > 0.9 * cap else "")
-    except Exception:
-        pass
-    return line
+        m = estimate(cfg, world_size)
+    except UserError as e:  # e.g. context parallel planned from a CPU-only machine
+        return f"n/a ({e})"
+    b = m["memory_breakdown_gib"]
+    states = b["parameters"] + b["gradients"] + b["optimizer_states"]
+    line = (
+        f"~{m['memory_gib']:.2f} GiB per device at peak (weights+grads+AdamW {states:.2f}, activations"
+        f" {b['activations']:.2f}, logits {b['logits_loss']:.2f}, FSDP buffers {b['fsdp_buffers']:.2f});"
+        f" device has {m['device_memory_gib']:.1f} GiB"
+    )
+    if not m["fits"]:
+        line += " -- LIKELY OOM"
+    return line + "; details: python -m torchtitan.estimate"
 
 
 def run_checks(cfg, world_size: int, nnodes: int | None = None, endpoint: str | None = None, out=None) -> int:

@@ -38,12 +38,52 @@ class Job:
 @dataclass
 class Model:
     name: str = opt("llama3", "model family (registry key in torchtitan.models)")
-    flavor: str = opt("debugmodel", "model size: debugmodel, debugmodel_large, 1B, 3B, 8B, 70B, 405B")
+    flavor: str = opt(
+        "debugmodel",
+        "model size: debugmodel, debugmodel_large, 1B, 3B, 8B, 70B, 405B, or custom (shape from the fields below)",
+    )
     tokenizer_path: str = opt(
         "tests/assets/tokenizer/debug.model", "sentencepiece .model or HF tokenizer.json"
     )
     vocab_size: int | None = opt(None, "override the flavor's vocabulary size (must equal the tokenizer's)")
     max_seq_len: int | None = opt(None, "override the RoPE table length (defaults to the flavor's)")
+    # Shape fields: each overrides the flavor's value; with flavor = "custom" they describe the whole model
+    # (dim, n_layers, n_heads and vocab_size required), for training and for the estimator alike.
+    dim: int | None = opt(None, "model width (hidden size); None = the flavor's")
+    n_layers: int | None = opt(None, "number of transformer blocks; None = the flavor's")
+    n_heads: int | None = opt(
+        None, "attention (query) heads; dim must be divisible by it; None = the flavor's"
+    )
+    n_kv_heads: int | None = opt(
+        None,
+        "key/value heads (grouped-query attention; = n_heads for none); None = the flavor's (custom: n_heads)",
+    )
+    ffn_hidden_dim: int | None = opt(
+        None,
+        "SwiGLU hidden size, exact (e.g. 11008 for Llama 2 7B); None = from ffn_dim_multiplier and multiple_of",
+    )
+    ffn_dim_multiplier: float | None = opt(
+        None, "scales Meta's 8/3*dim FFN rule before rounding up to multiple_of; None = the flavor's"
+    )
+    multiple_of: int | None = opt(
+        None, "the FFN hidden size is rounded up to a multiple of this; None = the flavor's"
+    )
+    norm_eps: float | None = opt(None, "RMSNorm epsilon; None = the flavor's")
+    rope_theta: float | None = opt(
+        None, "RoPE base frequency (Llama 2: 10000, Llama 3: 500000); None = the flavor's"
+    )
+    rope_scaling_factor: float | None = opt(
+        None,
+        "Llama 3.1 RoPE scaling factor (8 for 8B/70B/405B); 1.0 = no scaling; None = the flavor's",
+    )
+    rope_low_freq_factor: float | None = opt(None, "Llama 3.1 RoPE scaling low_freq_factor; None = 1.0")
+    rope_high_freq_factor: float | None = opt(None, "Llama 3.1 RoPE scaling high_freq_factor; None = 4.0")
+    rope_original_max_position_embeddings: int | None = opt(
+        None, "Llama 3.1 RoPE scaling original context length; None = 8192"
+    )
+    tie_embeddings: bool | None = opt(
+        None, "output projection reuses the embedding table (Llama 3.2 1B/3B); None = the flavor's"
+    )
 
 
 @dataclass
@@ -274,6 +314,60 @@ class Comm:
 
 
 @dataclass
+class Estimate:
+    """Read by `python -m torchtitan.estimate` only (docs/estimate.md); training ignores this section."""
+
+    mode: Literal["training", "inference"] = opt(
+        "training", "what to estimate: a training step, or generation (prefill + decode)"
+    )
+    hardware: str = opt(
+        "h100-sxm",
+        "device to plan for: a100, a100-40gb, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, b200, l40s, mi300x,"
+        " cpu (cpu: peak and bandwidths measured here)",
+    )
+    num_devices: int = opt(8, "devices (ranks) of the planned run; the parallel degrees must multiply to it")
+    devices_per_node: int | None = opt(None, "devices per node; None = the hardware's (8 for GPUs)")
+    total_tokens: float | None = opt(
+        None, "training tokens of the whole run, for gpu_hours and days (e.g. 15e12)"
+    )
+    json: str | None = opt(None, "also write the estimate as JSON to this file")
+    search: bool = opt(
+        False,
+        "rank every layout (FSDP/HSDP/TP/PP/CP degrees, AC mode, local batch) that fits num_devices, fastest first",
+    )
+    search_top: int = opt(10, "layouts shown by search")
+    calibrate: bool = opt(
+        False,
+        "measure matmul, attention, memory-bandwidth and collective micro-benchmarks on the devices present"
+        " (CPU: gloo between 2 processes) and use them instead of the table and default efficiencies",
+    )
+    async_tp: bool = opt(
+        False,
+        "what-if: tensor-parallel collectives overlapped as by torch's async TP (not applied by this trainer yet)",
+    )
+    peak_tflops: float | None = opt(
+        None, "override the device's dense BF16 peak TFLOPS (e.g. a power-capped part)"
+    )
+    fp8_peak_tflops: float | None = opt(
+        None, "override the dense FP8 peak TFLOPS (None: 2x peak_tflops on FP8 parts)"
+    )
+    memory_gib: float | None = opt(None, "override device memory in GiB (96 GB H100: 89.4)")
+    hbm_bandwidth_gbps: float | None = opt(None, "override device memory bandwidth, GB/s")
+    intra_node_bandwidth_gbps: float | None = opt(
+        None, "override per-device intra-node bandwidth, GB/s per direction"
+    )
+    inter_node_bandwidth_gbps: float | None = opt(
+        None, "override per-device inter-node bandwidth, GB/s per direction"
+    )
+    batch_size: int = opt(1, "inference: sequences generated together")
+    prompt_len: int = opt(128, "inference: prompt tokens per sequence (prefill)")
+    gen_len: int = opt(256, "inference: generated tokens per sequence (decode)")
+    weight_dtype: Literal["bfloat16", "int8", "int4"] = opt(
+        "bfloat16", "inference: weight precision of the linear layers (weight-only int8 / int4 with group 32)"
+    )
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -289,3 +383,4 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     comm: Comm = field(default_factory=Comm)
+    estimate: Estimate = field(default_factory=Estimate)

@@ -23,41 +23,70 @@ from torchtitan.errors import UserError
 @dataclass(frozen=True)
 class DeviceSpec:
     name: str  # canonical key, e.g. "H100 SXM"
-    bf16_tflops: float  # dense BF16 tensor-core peak, one device
+    bf16_tflops: float | None  # dense BF16 tensor-core peak, one device; None: measured (CPU)
     fp8_tflops: float | None  # dense FP8 peak; None: the device has no FP8 matmul
-    memory_gib: float  # HBM per device as sold for training (the estimator's default budget)
+    memory_gib: float | None  # HBM per device as sold for training (the estimator's budget); None: system RAM
+    # For the estimator (torchtitan/estimate): bandwidths in GB/s (1e9 bytes/s), datasheet peaks, one direction.
+    hbm_gbps: float | None = None  # device memory bandwidth; None: measured
+    intra_node_gbps: float | None = None  # per device to its node peers (NVLink / Infinity Fabric / PCIe)
+    inter_node_gbps: float | None = None  # per device across nodes (the NIC(s) serving one device)
+    devices_per_node: int = 8  # devices sharing the intra-node fabric in a typical server
 
 
-# Sources (dense = sparse / 2 wherever the datasheet lists the sparse figure):
+# Sources (dense = sparse / 2 wherever the datasheet lists the sparse figure; bandwidths are datasheet peaks,
+# per device and per direction: NVLink "900 GB/s" is the bidirectional total, so 450 each way):
 #   A100:      NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TF (624 sparse), no FP8. 40 GB and 80 GB parts
-#              have the same peak; 80 GB is listed as the memory.
-#   H100 SXM:  NVIDIA H100 datasheet, SXM column: BF16 1,979* TF, FP8 3,958* TF (* = with sparsity), 80 GB.
-#   H100 NVL:  same datasheet, NVL column: BF16 1,671*, FP8 3,341*, 94 GB.
-#   H100 PCIe: same datasheet, PCIe column: BF16 1,513*, FP8 3,026*, 80 GB.
-#   H200:      NVIDIA H200 datasheet, SXM column: BF16 1,979*, FP8 3,958*, 141 GB (same compute as H100 SXM).
-#   H200 NVL:  same datasheet, NVL column: BF16 1,671*, FP8 3,341*, 141 GB. It is a lower-power PCIe card with
-#              the H100 NVL's compute, so it gets its own entry: mapping it to "H200" would overstate the
-#              peak by 18% and understate MFU.
-#   L40S:      NVIDIA L40S datasheet: BF16 362.05 TF (733* sparse), FP8 733 TF (1,466* sparse), 48 GB.
+#              have the same peak; 80 GB is listed as the memory ("A100 40GB" below is the 40 GB part).
+#              HBM2e 2,039 GB/s (80 GB SXM), 1,555 GB/s (40 GB); NVLink 3: 600 GB/s -> 300; inter-node: DGX A100
+#              has one 200 Gb/s HDR InfiniBand port per GPU -> 25 GB/s.
+#   H100 SXM:  NVIDIA H100 datasheet, SXM column: BF16 1,979* TF, FP8 3,958* TF (* = with sparsity), 80 GB,
+#              HBM3 3.35 TB/s, NVLink 4 900 GB/s -> 450; DGX H100: one 400 Gb/s NDR port per GPU -> 50 GB/s.
+#   H100 NVL:  same datasheet, NVL column: BF16 1,671*, FP8 3,341*, 94 GB, 3.9 TB/s; NVLink bridges join pairs
+#              only, so collectives over a node of 8 cross PCIe Gen5 x16 (64 GB/s); 200 Gb/s per GPU assumed.
+#   H100 PCIe: same datasheet, PCIe column: BF16 1,513*, FP8 3,026*, 80 GB, 2.0 TB/s, PCIe Gen5 64 GB/s,
+#              200 Gb/s per GPU assumed.
+#   H200:      NVIDIA H200 datasheet, SXM column: BF16 1,979*, FP8 3,958*, 141 GB, 4.8 TB/s (same compute as H100
+#              SXM), NVLink 900 GB/s -> 450; HGX H200 systems: 400 Gb/s per GPU -> 50 GB/s.
+#   H200 NVL:  same datasheet, NVL column: BF16 1,671*, FP8 3,341*, 141 GB, 4.8 TB/s. It is a lower-power PCIe
+#              card with the H100 NVL's compute, so it gets its own entry: mapping it to "H200" would overstate the
+#              peak by 18% and understate MFU. NVLink bridges join 2 or 4 cards; 8-card collectives use PCIe
+#              Gen5 (64 GB/s); 200 Gb/s per GPU assumed.
+#   L40S:      NVIDIA L40S datasheet: BF16 362.05 TF (733* sparse), FP8 733 TF (1,466* sparse), 48 GB GDDR6
+#              864 GB/s, no NVLink: PCIe Gen4 x16 (32 GB/s); 200 Gb/s per GPU assumed.
 #   B200:      NVIDIA HGX B200 datasheet: 8 GPUs give FP16/BF16 36 PF* and FP8 72 PF* -> per GPU dense
-#              2.25 PF BF16 and 4.5 PF FP8; 180 GB per GPU.
-#   MI300X:    AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense, FP8 2,614.9 TF dense, 192 GB.
+#              2.25 PF BF16 and 4.5 PF FP8; 180 GB and 8 TB/s HBM3e per GPU (64 TB/s for 8); NVLink 5 1.8 TB/s
+#              -> 900; 400 Gb/s ConnectX-7 per GPU -> 50 GB/s.
+#   MI300X:    AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense, FP8 2,614.9 TF dense, 192 GB HBM3
+#              5.3 TB/s; Infinity Fabric: 7 links x 64 GB/s each way to the 7 peers of an 8-GPU node -> 448;
+#              400 Gb/s per GPU -> 50 GB/s.
 # Hopper's FP8 is exactly twice its BF16 (the project's convention rounds H100 SXM to 989), so the Hopper
 # FP8 figures are written as 2x.
 DEVICE_SPECS: dict[str, DeviceSpec] = {
     s.name: s
     for s in [
-        DeviceSpec("A100", 312.0, None, 80.0),
-        DeviceSpec("H100 SXM", 989.0, 2 * 989.0, 80.0),
-        DeviceSpec("H100 NVL", 835.0, 2 * 835.0, 94.0),
-        DeviceSpec("H100 PCIe", 756.0, 2 * 756.0, 80.0),
-        DeviceSpec("H200", 989.0, 2 * 989.0, 141.0),
-        DeviceSpec("H200 NVL", 835.0, 2 * 835.0, 141.0),
-        DeviceSpec("L40S", 362.0, 733.0, 48.0),
-        DeviceSpec("B200", 2250.0, 4500.0, 180.0),
-        DeviceSpec("MI300X", 1307.0, 2615.0, 192.0),
+        DeviceSpec("A100", 312.0, None, 80.0, 2039.0, 300.0, 25.0),
+        DeviceSpec("H100 SXM", 989.0, 2 * 989.0, 80.0, 3350.0, 450.0, 50.0),
+        DeviceSpec("H100 NVL", 835.0, 2 * 835.0, 94.0, 3900.0, 64.0, 25.0),
+        DeviceSpec("H100 PCIe", 756.0, 2 * 756.0, 80.0, 2000.0, 64.0, 25.0),
+        DeviceSpec("H200", 989.0, 2 * 989.0, 141.0, 4800.0, 450.0, 50.0),
+        DeviceSpec("H200 NVL", 835.0, 2 * 835.0, 141.0, 4800.0, 64.0, 25.0),
+        DeviceSpec("L40S", 362.0, 733.0, 48.0, 864.0, 32.0, 25.0),
+        DeviceSpec("B200", 2250.0, 4500.0, 180.0, 8000.0, 900.0, 50.0),
+        DeviceSpec("MI300X", 1307.0, 2615.0, 192.0, 5300.0, 448.0, 50.0),
     ]
 }
+
+# Parts the estimator plans for that a running job never maps to by name: the 40 GB A100 (its name matches
+# "A100", whose peak is the same, so MFU is unaffected) and the CPU, whose peak and bandwidths are measured
+# (torchtitan.estimate.calibrate) and whose memory is the machine's RAM. Gloo between processes of one host.
+ESTIMATOR_SPECS: dict[str, DeviceSpec] = {
+    s.name: s
+    for s in [
+        DeviceSpec("A100 40GB", 312.0, None, 40.0, 1555.0, 300.0, 25.0),
+        DeviceSpec("CPU", None, None, None, None, None, None, devices_per_node=1),
+    ]
+}
+
 
 # What torch.cuda.get_device_name() returns, matched against the WHOLE (whitespace-normalised, case-folded)
 # string. Full matches mean a longer or different name never slips in: "NVIDIA RTX A1000" is not an A100,
@@ -98,12 +127,12 @@ def _slug(name: str) -> str:
 
 def device_spec(name: str) -> DeviceSpec:
     """Look up a spec by canonical key ("H100 SXM"), slug ("h100-sxm") or a real device name (estimator CLI)."""
-    for key, spec in DEVICE_SPECS.items():
+    for key, spec in {**DEVICE_SPECS, **ESTIMATOR_SPECS}.items():
         if name == key or _slug(name) == _slug(key):
             return spec
     key = match_device(name)
     if key is None:
-        valid = ", ".join(_slug(k) for k in DEVICE_SPECS)
+        valid = ", ".join(_slug(k) for k in {**DEVICE_SPECS, **ESTIMATOR_SPECS})
         raise UserError(f"unknown hardware {name!r}: valid names are {valid}")
     return DEVICE_SPECS[key]
 

@@ -35,6 +35,7 @@ class ModelArgs:
     vocab_size: int
     multiple_of: int = 256  # the FFN hidden size is rounded up to a multiple of this
     ffn_dim_multiplier: float | None = None
+    ffn_dim: int | None = None  # exact FFN hidden size (Llama 2 7B: 11008); None = Meta's rule below
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     rope_scaling: RopeScaling | None = None
@@ -48,6 +49,12 @@ class ModelArgs:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise UserError(f"model.{name}={getattr(self, name)} must be a positive integer")
+        if self.ffn_dim is not None and self.ffn_dim <= 0:
+            raise UserError(f"model.ffn_hidden_dim={self.ffn_dim} must be a positive integer")
+        if self.ffn_dim_multiplier is not None and self.ffn_dim_multiplier <= 0:
+            raise UserError(f"model.ffn_dim_multiplier={self.ffn_dim_multiplier} must be > 0")
+        if not self.norm_eps > 0 or not self.rope_theta > 0:
+            raise UserError(f"model norm_eps={self.norm_eps} and rope_theta={self.rope_theta} must be > 0")
         if self.dim % self.n_heads:
             raise UserError(f"model dim={self.dim} must be divisible by n_heads={self.n_heads}")
         if self.head_dim % 2:
@@ -61,6 +68,8 @@ class ModelArgs:
 
     @property
     def ffn_hidden_dim(self) -> int:
+        if self.ffn_dim is not None:
+            return self.ffn_dim
         # Meta's rule: start from 4*dim, take 2/3 of it (SwiGLU has three matrices instead of two, so this keeps
         # the parameter count of a 4*dim two-matrix MLP), apply the optional multiplier, round up.
         hidden = int(2 * (4 * self.dim) / 3)

@@ -1,0 +1,407 @@
+"""The estimator's interface and its building blocks: config, JSON keys, CLI, search, inference, calibration,
+the [model] shape fields, the hardware table. (Its accuracy: tests/test_estimate_validation.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY, run_train, train_env
+from torchtitan.config import help_text, parse_args
+from torchtitan.config.manager import ConfigError
+from torchtitan.errors import UserError
+from torchtitan.estimate import (
+    build_plan,
+    estimate_inference,
+    estimate_plan,
+    estimate_training,
+    generation_latency,
+    resolve_hardware,
+)
+from torchtitan.estimate.__main__ import main as estimate_main
+from torchtitan.estimate.activations import BlockShape, backward_working_set_per_token, saved_per_token
+from torchtitan.estimate.plan import Calibration
+from torchtitan.estimate.search import layout_flags, search
+from torchtitan.estimate.training import float8_flops_per_token
+from torchtitan.metrics.hardware import DEVICE_SPECS, ESTIMATOR_SPECS, device_spec
+from torchtitan.models import model_args_from_config
+from torchtitan.models.llama3 import Transformer, get_model_args, llama3_flavors
+
+H100 = ["--estimate.hardware=h100-sxm"]
+EIGHT_B = ["--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=2"]
+
+TRAINING_KEYS = {"fits", "memory_gib", "memory_breakdown_gib", "step_time_s", "step_time_breakdown_s",
+                 "tokens_per_sec_per_device", "mfu_percent"}  # fmt: skip
+MEMORY_KEYS = {"parameters", "gradients", "optimizer_states", "activations", "logits_loss", "fsdp_buffers",
+               "float8_extras", "allocator_and_comm_overhead"}  # fmt: skip
+TIME_KEYS = {"compute", "recompute", "fsdp_comm_exposed", "tp_comm_exposed", "cp_comm_exposed", "pp_comm_exposed",
+             "pipeline_bubble", "optimizer"}  # fmt: skip
+
+
+def estimate(*argv) -> dict:
+    return estimate_training(parse_args([*H100, *argv]))
+
+
+# ---------------------------------------------------------------- config section and CLI
+
+
+def test_estimate_section_parses_strictly_and_shows_in_help():
+    cfg = parse_args(["--estimate.num_devices=256", "--estimate.total_tokens=15e12", "--estimate.search"])
+    assert (cfg.estimate.num_devices, cfg.estimate.total_tokens, cfg.estimate.search) == (256, 15e12, True)
+    with pytest.raises(ConfigError, match="estimate.num_device"):
+        parse_args(["--estimate.num_device=8"])
+    with pytest.raises(ConfigError, match="'estimate.weight_dtype' got 'fp4'"):
+        parse_args(["--estimate.weight_dtype=fp4"])
+    text = help_text()
+    for key in ("--estimate.hardware", "--estimate.calibrate", "--estimate.search", "--model.ffn_hidden_dim"):
+        assert key in text
+
+
+def test_json_has_the_issue_keys_and_gpu_hours(tmp_path):
+    out = tmp_path / "e.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "torchtitan.estimate", "--job.config_file=train_configs/llama3_70b.toml",
+         "--estimate.hardware=h100-sxm", "--estimate.num_devices=256", "--estimate.total_tokens=15e12",
+         f"--estimate.json={out}"],
+        cwd=ROOT, env=train_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "tokens/s" in r.stdout and "MFU" in r.stdout and "device-hours" in r.stdout
+    data = json.loads(out.read_text())
+    assert TRAINING_KEYS | {"gpu_hours", "days"} <= set(data)
+    assert set(data["memory_breakdown_gib"]) == MEMORY_KEYS
+    assert set(data["step_time_breakdown_s"]) == TIME_KEYS
+    assert math.isclose(sum(data["memory_breakdown_gib"].values()), data["memory_gib"], rel_tol=1e-9)
+    assert math.isclose(sum(data["step_time_breakdown_s"].values()), data["step_time_s"], rel_tol=1e-9)
+    assert math.isclose(data["gpu_hours"], 15e12 / data["tokens_per_sec_per_device"] / 3600)
+    assert math.isclose(data["days"], data["gpu_hours"] / 256 / 24)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--estimate.hardware=v100"], "unknown hardware 'v100': valid names are a100, h100-sxm"),
+        (
+            ["--estimate.num_devices=6", "--parallelism.tensor_parallel_degree=4"],
+            "world size 6 is not divisible",
+        ),
+        (["--estimate.num_devices=0"], "estimate.num_devices = 0 must be >= 1"),
+        (["--estimate.peak_tflops=-5"], "estimate.peak_tflops = -5.0 must be a positive number"),
+        (["--estimate.hardware=cpu"], "estimate.hardware='cpu': peak, memory bandwidth"),
+        (["--model.flavor=custom", "--model.dim=512"], "model.flavor='custom' needs the model's shape"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv, message):
+    assert estimate_main(["--model.flavor=8B", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- one FLOPs counter, one hardware table
+
+
+def test_mfu_uses_the_trainers_flops_counter_and_formula():
+    r = estimate(*EIGHT_B, "--estimate.num_devices=8", "--float8.enable=true")
+    a = get_model_args("8B")
+    assert r["flops_per_token"] == a.flops_per_token(8192)
+    mfu = 100 * a.flops_per_token(8192) * r["tokens_per_sec_per_device"] / 989e12
+    assert math.isclose(r["mfu_percent"], mfu, rel_tol=1e-12)
+    assert "mfu_percent_fp8_mixed" in r and r["mfu_percent_fp8_mixed"] < r["mfu_percent"]
+    causal = estimate(
+        *EIGHT_B, "--estimate.num_devices=8", "--float8.enable=true", "--metrics.causal_flops=true"
+    )
+    assert causal["flops_per_token"] == a.flops_per_token(8192, causal=True)
+
+
+def test_float8_share_is_the_float8_modules():
+    from torchtitan.quantize.float8 import float8_flops_per_token as from_model
+
+    cfg = parse_args([*H100, *EIGHT_B, "--float8.enable=true"])
+    plan = build_plan(cfg)
+    with torch.device("meta"):
+        model = Transformer(get_model_args("8B", max_seq_len=16))
+    assert float8_flops_per_token(plan) == from_model(model, cfg.float8.min_dim)
+
+
+def test_hardware_table_covers_the_issue_parts():
+    for key in ("A100", "H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL", "B200", "L40S", "MI300X"):
+        s = DEVICE_SPECS[key]
+        assert s.bf16_tflops and s.memory_gib and s.hbm_gbps and s.intra_node_gbps and s.inter_node_gbps, key
+    assert device_spec("a100-40gb").memory_gib == 40 and device_spec("a100-40gb").hbm_gbps == 1555
+    assert device_spec("cpu") is ESTIMATOR_SPECS["CPU"]
+
+
+def test_every_hardware_field_is_overridable():
+    cfg = parse_args(["--estimate.hardware=h100-sxm", "--estimate.peak_tflops=800", "--estimate.memory_gib=89.4",
+                      "--estimate.hbm_bandwidth_gbps=2400", "--estimate.intra_node_bandwidth_gbps=300",
+                      "--estimate.inter_node_bandwidth_gbps=25", "--estimate.devices_per_node=4"])  # fmt: skip
+    hw = resolve_hardware(cfg.estimate)
+    assert (hw.bf16_tflops, hw.fp8_tflops, hw.memory_gib, hw.hbm_gbps) == (800, 1600, 89.4, 2400)
+    assert (hw.intra_node_gbps, hw.inter_node_gbps, hw.devices_per_node) == (300, 25, 4)
+    assert "overrides" in hw.source
+
+
+# ---------------------------------------------------------------- the model's behaviour
+
+
+def test_memory_and_time_respond_to_each_technique():
+    base = estimate(*EIGHT_B, "--estimate.num_devices=8")
+    more = estimate(*EIGHT_B, "--estimate.num_devices=64")
+    assert more["memory_breakdown_gib"]["optimizer_states"] == pytest.approx(
+        base["memory_breakdown_gib"]["optimizer_states"] / 8
+    )
+    full = estimate(*EIGHT_B, "--estimate.num_devices=8", "--activation_checkpoint.mode=full")
+    sel = estimate(*EIGHT_B, "--estimate.num_devices=8", "--activation_checkpoint.mode=selective")
+    none = base
+    acts = [x["memory_breakdown_gib"]["activations"] for x in (full, sel, none)]
+    assert acts == sorted(acts)  # full < selective op < none
+    rec = [x["step_time_breakdown_s"]["recompute"] for x in (none, sel, full)]
+    assert rec[0] == 0 < rec[1] < rec[2]
+    comp = estimate(*EIGHT_B, "--estimate.num_devices=8", "--compile.enable=true")
+    assert comp["memory_breakdown_gib"]["logits_loss"] < base["memory_breakdown_gib"]["logits_loss"] / 2
+    assert comp["step_time_s"] < base["step_time_s"]
+    tp = estimate(*EIGHT_B, "--estimate.num_devices=8", "--parallelism.tensor_parallel_degree=4")
+    assert tp["step_time_breakdown_s"]["tp_comm_exposed"] > 0
+    atp = estimate(*EIGHT_B, "--estimate.num_devices=8", "--parallelism.tensor_parallel_degree=4",
+                   "--estimate.async_tp=true")  # fmt: skip
+    assert atp["step_time_breakdown_s"]["tp_comm_exposed"] < tp["step_time_breakdown_s"]["tp_comm_exposed"]
+    pp = ["--model.flavor=70B", "--training.seq_len=8192", "--training.local_batch_size=8",
+          "--parallelism.pipeline_parallel_degree=4", "--parallelism.tensor_parallel_degree=8",
+          "--estimate.num_devices=64"]  # fmt: skip
+    one = estimate(*pp)
+    inter = estimate(*pp, "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                     "--parallelism.pipeline_parallel_stages_per_rank=2")  # fmt: skip
+    zb = estimate(*pp, "--parallelism.pipeline_parallel_schedule=InterleavedZeroBubble",
+                  "--parallelism.pipeline_parallel_stages_per_rank=2")  # fmt: skip
+    bubbles = [x["step_time_breakdown_s"]["pipeline_bubble"] for x in (one, inter, zb)]
+    assert bubbles == sorted(bubbles, reverse=True) and bubbles[2] > 0
+    # bubble = (p-1)/(v m) of the busy time
+    busy = one["step_time_s"] - sum(one["step_time_breakdown_s"][k] for k in
+                                    ("pipeline_bubble", "optimizer", "fsdp_comm_exposed", "pp_comm_exposed"))  # fmt: skip
+    assert one["step_time_breakdown_s"]["pipeline_bubble"] == pytest.approx(busy * 3 / 8)
+    cp = estimate("--model.flavor=8B", "--training.seq_len=65536", "--training.local_batch_size=1",
+                  "--parallelism.context_parallel_degree=2", "--estimate.num_devices=8")  # fmt: skip
+    assert cp["step_time_breakdown_s"]["cp_comm_exposed"] > 0
+
+
+def test_activation_formulas_per_mode():
+    for tp, sp in ((1, False), (8, True)):
+        s = BlockShape(
+            d=4096, h=4096 // tp, kv=1024 // tp, f=14336 // tp, heads=32 // tp, tp=tp, sequence_parallel=sp
+        )
+        none_e, none_c = saved_per_token("none", s, False), saved_per_token("none", s, True)
+        op, full = saved_per_token("op", s, False), saved_per_token("full", s, False)
+        assert full < op < none_c < none_e
+        assert full == s.d_s * 2
+        # selective op + its recompute never needs more than keeping everything
+        assert op + backward_working_set_per_token("op", s, False) <= none_e + backward_working_set_per_token(
+            "none", s, False
+        )
+    s = BlockShape(d=4096, h=4096, kv=1024, f=14336, heads=32, tp=1, sequence_parallel=False)
+    # 8B, no TP: block input + wq + wv + attention out (+ lse) + w1 + w2 outputs, bf16
+    assert saved_per_token("op", s, False) == 2 * (4096 + 4096 + 1024 + 4096 + 64 + 14336 + 4096)
+
+
+def test_fits_flips_with_memory():
+    r = estimate(*EIGHT_B, "--estimate.num_devices=8", "--activation_checkpoint.mode=selective")
+    assert r["fits"]
+    small = estimate(*EIGHT_B, "--estimate.num_devices=8", "--activation_checkpoint.mode=selective",
+                     f"--estimate.memory_gib={r['memory_gib'] * 0.9:.1f}")  # fmt: skip
+    assert not small["fits"]
+
+
+# ---------------------------------------------------------------- search
+
+
+def test_search_ranks_fitting_layouts_fastest_first():
+    cfg = parse_args([*H100, "--model.flavor=8B", "--training.seq_len=8192", "--estimate.num_devices=16",
+                      "--training.global_batch_size=64"])  # fmt: skip
+    results = search(cfg)
+    assert results and all(r["fits"] for r in results)
+    tps = [r["tokens_per_sec_per_device"] for r in results]
+    assert tps == sorted(tps, reverse=True)
+    assert all(r["tokens_per_step"] == 64 * 8192 for r in results)  # the set global batch is kept
+    best = parse_args([*H100, "--model.flavor=8B", "--training.seq_len=8192", "--estimate.num_devices=16",
+                       "--training.global_batch_size=64", *layout_flags(results[0]).split()])  # fmt: skip
+    assert estimate_plan(build_plan(best))["tokens_per_sec_per_device"] == pytest.approx(tps[0])
+    layouts = {(r["layout"]["tp"], r["layout"]["pp"], r["layout"]["dp_replicate"]) for r in results}
+    assert len(layouts) > 3
+
+
+def test_search_cli(capsys):
+    assert estimate_main([*H100, "--model.flavor=8B", "--estimate.num_devices=8", "--estimate.search=true",
+                          "--estimate.search_top=3"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "layouts fit; the 3 fastest" in out and out.count("\n  1 ") + out.count("\n  3 ") == 2
+    assert "best: --parallelism.data_parallel_replicate_degree=" in out
+
+
+# ---------------------------------------------------------------- inference
+
+
+def test_inference_keys_and_behaviour(tmp_path, capsys):
+    out = tmp_path / "i.json"
+    assert estimate_main(["--model.flavor=8B", "--estimate.mode=inference", "--estimate.hardware=a100",
+                          f"--estimate.json={out}"]) == 0  # fmt: skip
+    data = json.loads(out.read_text())
+    assert {"prefill_ms", "decode_ms_per_token", "tokens_per_sec", "memory_gib"} <= set(data)
+    assert "decode" in capsys.readouterr().out
+    args, hw = get_model_args("8B"), resolve_hardware(parse_args(["--estimate.hardware=a100"]).estimate)
+    r = {d: estimate_inference(args, hw, 1, 128, 256, d) for d in ("bfloat16", "int8", "int4")}
+    assert (
+        r["bfloat16"]["decode_ms_per_token"]
+        > r["int8"]["decode_ms_per_token"]
+        > r["int4"]["decode_ms_per_token"]
+    )
+    assert r["bfloat16"]["memory_breakdown_gib"]["weights"] > 2 * r["int4"]["memory_breakdown_gib"]["weights"]
+    assert r["bfloat16"]["bandwidth_bound"]
+    tp2 = estimate_inference(args, hw, 1, 128, 256, "bfloat16", tp=2)
+    assert tp2["decode_ms_per_token"] < r["bfloat16"]["decode_ms_per_token"]
+    big = estimate_inference(args, hw, 64, 128, 256, "bfloat16")
+    assert big["memory_breakdown_gib"]["kv_cache"] == pytest.approx(
+        64 * r["bfloat16"]["memory_breakdown_gib"]["kv_cache"]
+    )
+    assert big["tokens_per_sec"] > 10 * r["bfloat16"]["tokens_per_sec"]
+    with pytest.raises(UserError, match="tensor_parallel_degree 3 must divide"):
+        estimate_inference(args, hw, 1, 8, 8, "bfloat16", tp=3)
+
+
+def test_generation_latency_for_the_generate_benchmark():
+    """The function the generation benchmark calls: same numbers as the inference estimate, the GPU named by its
+    table slug or by what torch.cuda.get_device_name() reports."""
+    args = get_model_args("8B")
+    hw = resolve_hardware(parse_args(["--estimate.hardware=h100-sxm"]).estimate)
+    full = estimate_inference(args, hw, 4, 512, 128, "int8")
+    for gpu in ("h100-sxm", "NVIDIA H100 80GB HBM3", hw):
+        g = generation_latency(args, gpu, batch=4, prompt_len=512, gen_len=128, weight_dtype="int8")
+        assert (g.prefill_ms, g.decode_ms_per_token, g.tokens_per_sec) == (
+            full["prefill_ms"], full["decode_ms_per_token"], full["tokens_per_sec"]
+        )  # fmt: skip
+        assert g.hardware == "H100 SXM"
+    short = generation_latency(args, "h100-sxm", prompt_len=128, gen_len=16)
+    long = generation_latency(args, "h100-sxm", prompt_len=32768, gen_len=16)
+    assert long.decode_ms_per_token > short.decode_ms_per_token  # a longer KV cache to read per step
+    assert long.prefill_ms > 100 * short.prefill_ms  # compute-bound: FLOPs grow at least linearly
+    assert (
+        generation_latency(args, "a100", tp=2).decode_ms_per_token
+        < generation_latency(args, "a100").decode_ms_per_token
+    )
+    with pytest.raises(UserError, match="unknown hardware 'NVIDIA H800'"):
+        generation_latency(args, "NVIDIA H800")
+    with pytest.raises(UserError, match="run with --estimate.calibrate"):
+        generation_latency(args, "cpu")
+
+
+# ---------------------------------------------------------------- [model] shape fields
+
+
+def test_flavor_with_override_equals_its_model_args():
+    cfg = parse_args(["--model.flavor=8B", "--model.n_layers=16", "--model.rope_theta=10000"])
+    assert model_args_from_config(cfg.model, 2048) == get_model_args("8B", n_layers=16, rope_theta=10000.0)
+    # the 8B written out field by field in TOML terms is the 8B flavor
+    full = parse_args(["--model.flavor=custom", "--model.dim=4096", "--model.n_layers=32", "--model.n_heads=32",
+                       "--model.n_kv_heads=8", "--model.vocab_size=128256", "--model.ffn_dim_multiplier=1.3",
+                       "--model.multiple_of=1024", "--model.rope_theta=500000", "--model.rope_scaling_factor=8"])  # fmt: skip
+    assert model_args_from_config(full.model, 8192) == llama3_flavors["8B"]
+    exact = parse_args(["--model.flavor=8B", "--model.ffn_hidden_dim=14336"])
+    a = model_args_from_config(exact.model, 2048)
+    assert a.ffn_hidden_dim == 14336 and a.num_params() == llama3_flavors["8B"].num_params()
+    # factor 1 = no scaling; the other RoPE fields refine the flavor's scaling
+    assert (
+        model_args_from_config(
+            parse_args(["--model.flavor=8B", "--model.rope_scaling_factor=1"]).model, 8
+        ).rope_scaling
+        is None
+    )
+    hf = parse_args(["--model.flavor=8B", "--model.rope_high_freq_factor=2"])
+    assert model_args_from_config(hf.model, 8).rope_scaling.high_freq_factor == 2.0
+    with pytest.raises(
+        UserError, match="model.rope_low_freq_factor is set but the model has no RoPE scaling"
+    ):
+        model_args_from_config(parse_args(["--model.rope_low_freq_factor=2"]).model, 8)
+    with pytest.raises(UserError, match="must be divisible by n_heads"):
+        model_args_from_config(parse_args(["--model.flavor=8B", "--model.n_heads=33"]).model, 8)
+
+
+def test_llama2_7b_in_toml_has_its_published_size():
+    cfg = parse_args(["--model.flavor=custom", "--model.dim=4096", "--model.n_layers=32", "--model.n_heads=32",
+                      "--model.vocab_size=32000", "--model.ffn_hidden_dim=11008", "--model.rope_theta=10000"])  # fmt: skip
+    a = model_args_from_config(cfg.model, 4096)
+    assert a.n_kv_heads == 32 and a.num_params() == 6_738_415_616  # Llama 2 7B
+
+
+def test_model_described_in_toml_trains_a_step(tmp_path):
+    toml = tmp_path / "custom.toml"
+    toml.write_text(
+        (ROOT / "train_configs" / "debug_model.toml")
+        .read_text()
+        .replace(
+            'flavor = "debugmodel"',
+            'flavor = "custom"\ndim = 128\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nffn_hidden_dim = 320\n'
+            "vocab_size = 2048\nrope_theta = 10000.0\nnorm_eps = 1e-6\ntie_embeddings = true",
+        )
+    )
+    args = [f"--job.config_file={toml}", *TINY[1:], "--training.steps=2", f"--job.dump_folder={tmp_path / 'out'}",
+            "--metrics.enable_tensorboard=false"]  # fmt: skip
+    r = run_train(1, args, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    a = model_args_from_config(parse_args([f"--job.config_file={toml}"]).model, 64)
+    assert f"model llama3 custom: {a.num_params():,} parameters" in log
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 2 and math.isfinite(rows[-1]["loss/global_avg"])
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_calibration_micro_benchmarks_are_positive():
+    from torchtitan.estimate import calibrate as cal
+
+    cfg = parse_args(["--estimate.hardware=cpu", "--estimate.num_devices=1", "--training.seq_len=64",
+                      "--training.local_batch_size=2"])  # fmt: skip
+    plan = build_plan(cfg, require_rates=False)
+    cpu = torch.device("cpu")
+    shapes = cal.gemm_shapes(plan)
+    assert (128, 256, 256) in shapes and len(shapes) >= 6  # [2 x 64 tokens, 256] x [256, 256]: wq forward
+    for value in (
+        cal.measure_gemm(shapes[0], cpu, torch.bfloat16, 0.01),
+        cal.measure_attention(plan, cpu, torch.bfloat16, 0.01),
+        cal.measure_bandwidth(cpu, torch.float32, 0.01),
+    ):
+        assert math.isfinite(value) and value > 0
+    assert cal.measure_collectives(plan, cpu, 0.01) is None  # one process: nothing to measure
+    # a calibration replaces the rates: the step time follows the measured GEMM speed
+    c = Calibration(matmul_peak_tflops=0.05, attention_tflops=0.01, hbm_gbps=10.0)
+    slow = Calibration(matmul_peak_tflops=0.05, attention_tflops=0.01, hbm_gbps=10.0,
+                       matmul_tflops={s: 0.01 for s in shapes})  # fmt: skip
+    fast = estimate_plan(build_plan(cfg, c))
+    assert estimate_plan(build_plan(cfg, slow))["step_time_s"] > fast["step_time_s"]
+    assert fast["mfu_percent"] == pytest.approx(
+        100 * plan.args.flops_per_token(64) * fast["tokens_per_sec_per_device"] / 0.05e12
+    )
+
+
+def test_calibrate_cli_on_two_cpu_processes(tmp_path):
+    """--estimate.calibrate measures gloo collectives between 2 processes and the runtime's resident memory."""
+    out = tmp_path / "c.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "torchtitan.estimate", "--job.config_file=train_configs/debug_model.toml",
+         "--training.seq_len=64", "--training.local_batch_size=2", "--estimate.hardware=cpu",
+         "--estimate.num_devices=2", "--estimate.calibrate=true", f"--estimate.json={out}"],
+        cwd=ROOT, env=train_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    cal = data["calibration"]
+    assert cal["collective_gbps"] > 0 and cal["hbm_gbps"] > 0 and cal["attention_tflops"] > 0
+    assert 0.1 < cal["runtime_rss_gib"] < 4
+    assert data["hardware"]["calibrated"] and data["fits"]
+    assert data["memory_breakdown_gib"]["allocator_and_comm_overhead"] == pytest.approx(
+        cal["runtime_rss_gib"]
+    )

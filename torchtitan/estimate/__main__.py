@@ -1,0 +1,100 @@
+"""python -m torchtitan.estimate: plan a run from its training config, without a GPU or a process group.
+
+    python -m torchtitan.estimate --job.config_file train_configs/llama3_70b.toml \\
+        --estimate.hardware h100-sxm --estimate.num_devices 256 [--estimate.total_tokens 15e12] [--estimate.json out.json]
+    python -m torchtitan.estimate ... --estimate.search=true          # rank every fitting layout, fastest first
+    python -m torchtitan.estimate ... --estimate.calibrate=true       # measure this machine's devices first
+    python -m torchtitan.estimate --model.flavor 8B --estimate.mode inference --estimate.hardware a100 \\
+        --estimate.batch_size 1 --estimate.prompt_len 128 --estimate.gen_len 256 --estimate.weight_dtype int8
+
+Every training override applies ([parallelism], [training], [activation_checkpoint], [compile], [float8], the
+[model] shape fields ...); the [estimate] section chooses the hardware and what to estimate. docs/estimate.md
+describes the model, its defaults and its validation against published runs. Exit code 0, or 2 with one line
+naming the bad key or value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from torchtitan.config import help_text, parse_args, validate
+from torchtitan.errors import UserError
+
+
+def _calibration_json(cal) -> dict:
+    d = dataclasses.asdict(cal)
+    d["matmul_tflops"] = [[*shape, tf] for shape, tf in sorted(cal.matmul_tflops.items())]
+    return d
+
+
+def run(cfg, out=None, argv: list[str] | None = None) -> dict:
+    """Estimate what the config's [estimate] section asks for; print the report to `out`; return the JSON dict."""
+    from torchtitan.models import model_args_from_config
+
+    from .inference import estimate_inference
+    from .plan import build_plan, resolve_hardware
+    from .report import inference_report, search_report, training_report
+    from .search import search
+    from .training import estimate_plan
+
+    out = out or sys.stdout
+    est = cfg.estimate
+    if est.search_top < 1:
+        raise UserError(f"estimate.search_top = {est.search_top} must be >= 1")
+    calibration = None
+    if est.calibrate:
+        from .calibrate import calibrate
+
+        calibration = calibrate(build_plan(cfg, require_rates=False), config_argv=argv)
+        print(f"calibrated: {'; '.join(calibration.notes)}: square-GEMM peak {calibration.matmul_peak_tflops:.3f}"
+              f" TFLOPS, attention {calibration.attention_tflops:.3f} TFLOPS, memory {calibration.hbm_gbps:.1f} GB/s"
+              + (f", collectives {calibration.collective_gbps:.2f} GB/s" if calibration.collective_gbps else ""),
+              file=out)  # fmt: skip
+    if est.mode == "inference":
+        args = model_args_from_config(cfg.model, cfg.training.seq_len)
+        hw = resolve_hardware(est, calibration)
+        result = estimate_inference(
+            args, hw, est.batch_size, est.prompt_len, est.gen_len, est.weight_dtype,
+            cfg.parallelism.tensor_parallel_degree, measured_hbm_gbps=calibration.hbm_gbps if calibration else None,
+        )  # fmt: skip
+        text = inference_report(result)
+    elif est.search:
+        results = search(cfg, calibration)
+        text = search_report(results, est.search_top)
+        result = {"mode": "search", "fitting_layouts": len(results), "layouts": results[: est.search_top]}
+    else:
+        result = estimate_plan(build_plan(cfg, calibration))
+        text = training_report(result)
+    if calibration is not None:
+        result["calibration"] = _calibration_json(calibration)
+    print(text, file=out)
+    if est.json:
+        try:
+            with open(est.json, "w") as f:
+                json.dump(result, f, indent=2)
+        except OSError as e:
+            raise UserError(f"estimate.json {est.json}: cannot write: {e.strerror}") from None
+        print(f"written: {est.json}", file=out)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(__doc__)
+        print(help_text())
+        return 0
+    try:
+        cfg = parse_args(argv)
+        validate(cfg)
+        run(cfg, argv=argv)
+        return 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

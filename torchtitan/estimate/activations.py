@@ -1,0 +1,123 @@
+"""Activation memory and recomputation per transformer block, per activation-checkpointing mode: the ONE place.
+
+Everything is per token of the micro-batch a rank holds (local_batch x seq_len / cp) and per block, in bytes.
+Shapes per rank: d = model dim, h = n_heads*head_dim / tp (query width), kv = n_kv_heads*head_dim / tp,
+f = ffn_hidden_dim / tp, d_s = the residual stream's width per token of T: d / tp under sequence parallel, else d.
+Colwise matmuls (wq, wk, wv, w1, w3) save their input all-gathered to full width d (torch's ColwiseParallel saves
+the gathered tensor); rowwise ones (wo, w2) produce a full-width partial sum before the reduce-scatter.
+
+The modes, as this framework applies them (torchtitan/parallel/activation_checkpoint.py, with issue 10's policy):
+  none       every tensor autograd keeps for backward.
+  full       the block input only; backward re-runs the block's forward (matmuls, attention, elementwise).
+  op         selective per-op: the outputs of every SECOND matmul in execution order (wq, wv, w1, w2 of
+             wq wk wv wo w1 w3 w2 -- torchtitan's policy), attention (output + logsumexp) and, under tensor
+             parallel with sequence parallel, the reduce-scatter outputs are kept; everything else is recomputed.
+  N (digits) every N-th block fully checkpointed, the others as `none`.
+Attention is SDPA flash: it keeps q, k, v, its output and the row logsumexp (fp32), never the S x S scores; K/V
+are kept at n_kv_heads width (native grouped-query attention, issue 10). RMSNorm is torch's fused kernel on CUDA
+(keeps its input and the row rstd); on CPU torch.rms_norm is composite and also keeps the fp32 upcast input and
+the normalized tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BF16 = 2  # activations are kept in the compute dtype (bf16)
+MATMUL_ORDER = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")  # execution order inside a block
+OP_SAVED_MATMULS = MATMUL_ORDER[0::2]  # selective "op": the 1st, 3rd, 5th, 7th matmul outputs are kept
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    d: int  # model dim
+    h: int  # query width per rank
+    kv: int  # key/value width per rank
+    f: int  # FFN hidden per rank
+    heads: int  # query heads per rank
+    tp: int
+    sequence_parallel: bool
+    act_bytes: int = BF16  # 4 for an fp32 run
+    # torch.rms_norm has a fused kernel on CUDA; elsewhere it is composite (fp32 upcast)
+    fused_norm: bool = True
+
+    @property
+    def d_s(self) -> float:
+        return self.d / self.tp if (self.sequence_parallel and self.tp > 1) else self.d
+
+
+def saved_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
+    """Bytes one block keeps for backward per token, in `mode` ('none', 'full' or 'op')."""
+    b = s.act_bytes
+    lse = 4 * s.heads / b  # attention's fp32 logsumexp per query row, in units of activation elements
+    if mode == "full":
+        return s.d_s * b  # the checkpointed block's input
+    if mode == "op":
+        kept = s.d_s  # block input (checkpoint input)
+        kept += s.h + s.kv  # wq and wv outputs (1st and 3rd matmul)
+        kept += s.h + lse  # attention output + logsumexp
+        kept += s.f  # w1 output (5th)
+        kept += s.d  # w2 output (7th): a full-width partial sum under TP
+        if s.tp > 1 and s.sequence_parallel:
+            kept += 2 * s.d_s  # the two reduce-scatter outputs (in the save list)
+        return kept * b
+    if mode == "none":
+        if compiled:
+            # Inductor's partitioner keeps matmul and attention inputs/outputs and recomputes the cheap pointwise
+            # ops: norm outputs from the stream (unless gathered under TP), SiLU and the product from w1/w3 outputs.
+            norm_out = 2 * s.d if s.tp > 1 else 0
+            kept = 2 * s.d_s + norm_out + (s.h + 2 * s.kv) + (s.h + lse) + 2 * s.f
+        else:
+            # eager: both norms' inputs (stream), both gathered norm outputs, q and k after RoPE and v, attention
+            # output + logsumexp and its transposed copy (wo's input), w1 and w3 outputs, SiLU output, product.
+            kept = 2 * s.d_s + 2 * s.d + (s.h + 2 * s.kv) + (2 * s.h + lse) + 4 * s.f
+            if not s.fused_norm:  # composite RMSNorm keeps the fp32 upcast input and the normalized tensor
+                kept += 2 * (4 / b) * s.d_s
+        return kept * b
+    raise ValueError(f"unknown activation checkpoint mode {mode!r}")
+
+
+def backward_working_set_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
+    """Bytes alive while ONE block runs backward, beyond what every block keeps: the recomputed activations
+    (checkpointed modes) plus the block's gradient buffers (grads of the FFN hidden and of the stream)."""
+    b = s.act_bytes
+    recomputed = 0.0
+    if mode in ("full", "op"):
+        recomputed = saved_per_token("none", s, compiled) - saved_per_token(mode, s, compiled)
+    grads = (2 * s.f + 3 * s.d) if compiled else (4 * s.f + 4 * s.d)
+    return recomputed + grads * b
+
+
+def recomputed_matmuls(mode: str) -> tuple[str, ...]:
+    """Block matmuls whose forward runs again in backward."""
+    if mode == "full":
+        return MATMUL_ORDER
+    if mode == "op":
+        return tuple(m for m in MATMUL_ORDER if m not in OP_SAVED_MATMULS)
+    return ()
+
+
+def recomputes_attention(mode: str) -> bool:
+    return mode == "full"  # "op" keeps the attention output
+
+
+def recomputes_elementwise(mode: str) -> bool:
+    return mode in ("full", "op")
+
+
+def tp_collectives_recomputed(mode: str) -> int:
+    """Sequence-parallel collectives of a block re-run in recompute: full redoes its 2 all-gathers and 2
+    reduce-scatters; op redoes the 2 all-gathers (the reduce-scatter outputs are saved)."""
+    return {"full": 4, "op": 2}.get(mode, 0)
+
+
+def block_modes(ac_mode: str, ac_option: str, n_layers: int) -> list[str]:
+    """The mode of each block of a stage (its blocks counted from its first), as apply_ac wraps them."""
+    if ac_mode == "none":
+        return ["none"] * n_layers
+    if ac_mode == "full":
+        return ["full"] * n_layers
+    if ac_option == "op":
+        return ["op"] * n_layers
+    every = int(ac_option)
+    return ["full" if (i + 1) % every == 0 else "none" for i in range(n_layers)]

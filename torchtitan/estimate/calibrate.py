@@ -1,0 +1,255 @@
+"""`--estimate.calibrate`: micro-benchmarks on the devices present, replacing table values and efficiencies.
+
+Measured, each for a fraction of a second:
+  matmul        every GEMM shape the planned step runs (forward, input-gradient, weight-gradient of each linear,
+                rows capped), in the run's compute dtype, and the square-GEMM peak the trainer's MFU uses on
+                devices without a table entry (hardware.calibrate_tflops: the same measurement)
+  attention     SDPA forward + backward at the planned head count, sequence length and head dim (causal)
+  bandwidth     an elementwise add over tensors far larger than the caches: sustained memory bandwidth
+  collectives   all-gather and reduce-scatter between min(num_devices, present) processes (NCCL on GPUs, gloo on
+                CPU), at the size of one block's parameters: bus bandwidth
+  runtime RSS   CPU only: resident memory of a process holding the trainer's runtime without a model (imports,
+                the run's tokenizer and dataset with one batch read, a process group) -- the baseline under
+                everything a run allocates
+With several processes every micro-benchmark runs in all of them at once (rank 0 reports), so cores, memory
+bandwidth and links are shared as they will be in the run. CPU processes get the threads the launcher gives them
+(torchrun: 1 thread each when there are several).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from .plan import Calibration, Plan
+
+_ROWS_CAP = {"cuda": 16384, "cpu": 4096}
+_SEQ_CAP = {"cuda": 8192, "cpu": 2048}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn, device: torch.device, seconds: float, min_reps: int = 3) -> float:
+    """Median of repeated calls (after one warm-up) within about `seconds`: the sustained rate, not the best
+    moment (with several processes, the best moment is when the others happened to idle)."""
+    import torch.distributed as dist
+
+    fn()
+    _sync(device)
+    if dist.is_initialized():
+        dist.barrier()  # every process measures at the same time, sharing cores and memory as in the run
+    times, deadline = [], time.perf_counter() + seconds
+    while len(times) < min_reps or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def gemm_shapes(plan: Plan) -> list[tuple[int, int, int]]:
+    """Distinct (M, N, K) of the GEMMs of one planned pass: y = x W^T, dx = dy W, dW = dy^T x for every linear."""
+    from .steptime import _local
+
+    m = int(plan.tokens_per_pass)
+    shapes = []
+    for lin in (*plan.block_linears, plan.head):
+        k, n = _local(lin, plan.tp)
+        shapes += [(m, n, k), (m, k, n), (n, k, m)]
+    return sorted(set(shapes))
+
+
+def measure_gemm(shape, device, dtype, seconds) -> float:
+    """TFLOPS of one [M,K] x [K,N] GEMM (M capped: larger ones run at the same rate)."""
+    m, n, k = shape
+    m = min(m, _ROWS_CAP.get(device.type, 8192))
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(m, k, device=device, dtype=dtype, generator=g)
+    b = torch.randn(k, n, device=device, dtype=dtype, generator=g)
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    t = _median_time(lambda: torch.mm(a, b, out=out), device, seconds)
+    return 2 * m * n * k / t / 1e12
+
+
+def measure_attention(plan: Plan, device, dtype, seconds) -> float:
+    """TFLOPS of causal SDPA forward + backward, counted on the FLOPs it does (half the score matrix)."""
+    s = plan.shape
+    hd = plan.args.head_dim
+    seq = min(plan.seq_len // plan.cp, _SEQ_CAP.get(device.type, 4096))
+    batch = max(1, min(plan.microbatch_seqs, 8))
+    heads, kv_heads = s.h // hd, s.kv // hd
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(batch, heads, seq, hd, device=device, dtype=dtype, generator=g, requires_grad=True)
+    k = torch.randn(batch, kv_heads, seq, hd, device=device, dtype=dtype, generator=g, requires_grad=True)
+    v = torch.randn(batch, kv_heads, seq, hd, device=device, dtype=dtype, generator=g, requires_grad=True)
+    grad = torch.randn(batch, heads, seq, hd, device=device, dtype=dtype, generator=g)
+    rep = heads // kv_heads
+
+    def step():
+        kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        out = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+        out.backward(grad)
+
+    t = _median_time(step, device, seconds)
+    fwd = 4 * batch * seq * (seq / 2) * heads * hd
+    return 3.5 * fwd / t / 1e12
+
+
+def measure_bandwidth(device, dtype, seconds) -> float:
+    """GB/s of c = a + b over tensors much larger than the caches (3 tensors moved)."""
+    n = (256 if device.type == "cuda" else 32) * 2**20
+    a = torch.ones(n, device=device, dtype=dtype)
+    b = torch.ones(n, device=device, dtype=dtype)
+    c = torch.empty(n, device=device, dtype=dtype)
+    t = _median_time(lambda: torch.add(a, b, out=c), device, seconds)
+    return 3 * n * a.element_size() / t / 1e9
+
+
+def measure_collectives(plan: Plan, device, seconds) -> float | None:
+    """Bus bandwidth (GB/s) of all-gather + reduce-scatter at one block's size; None in a single process."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    world = dist.get_world_size()
+    cap = 256 * 2**20 if device.type == "cuda" else 32 * 2**20
+    numel = int(min(plan.block_params() * plan.act_bytes, cap) // (2 * world) * world)
+    full = torch.ones(numel, device=device, dtype=torch.bfloat16)
+    shard = torch.empty(numel // world, device=device, dtype=torch.bfloat16)
+
+    def both():
+        dist.all_gather_into_tensor(full, shard)
+        dist.reduce_scatter_tensor(shard, full)
+
+    t = _median_time(both, device, seconds)
+    moved = 2 * numel * 2 * (world - 1) / world
+    return moved / t / 1e9
+
+
+_RUNTIME_PROBE = """
+import os, sys
+import torch.distributed as dist
+from torchtitan.config import parse_args
+from torchtitan.data import build_dataloader, build_tokenizer
+import torchtitan.train  # noqa: F401  (everything the trainer imports)
+cfg = parse_args(sys.argv[1:])
+t, d = cfg.training, cfg.data
+tok = build_tokenizer(cfg.model.tokenizer_path)
+dl = build_dataloader(dataset=d.dataset, dataset_path=d.dataset_path, text_field=d.text_field, tokenizer=tok,
+                      dp_rank=0, dp_world_size=1, batch_size=t.local_batch_size, seq_len=t.seq_len)
+next(iter(dl))
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PROBE_PORT"], rank=0, world_size=1)
+print(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+dist.destroy_process_group()
+"""
+
+
+def runtime_rss_gib(argv: list[str]) -> float | None:
+    """Resident memory of a fresh process holding the trainer's runtime but no model: its imports, the config's
+    tokenizer and dataset (one batch read) and a process group -- the CPU baseline under a run's allocations."""
+    env = dict(
+        os.environ,
+        PROBE_PORT=str(_free_port()),
+        HF_DATASETS_OFFLINE=os.environ.get("HF_DATASETS_OFFLINE", "1"),
+    )
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", _RUNTIME_PROBE, *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    if r.returncode != 0:
+        return None
+    return int(r.stdout.strip().splitlines()[-1]) / 2**30
+
+
+def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibration:
+    from torchtitan.metrics.hardware import calibrate_tflops
+
+    dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
+    cal = Calibration(device=str(device))
+    cal.matmul_peak_tflops = calibrate_tflops(device, dtype, seconds=seconds)
+    for shape in gemm_shapes(plan):
+        cal.matmul_tflops[shape] = measure_gemm(shape, device, dtype, seconds / 4)
+    cal.attention_tflops = measure_attention(plan, device, dtype, seconds)
+    cal.hbm_gbps = measure_bandwidth(device, dtype, seconds)
+    cal.collective_gbps = measure_collectives(plan, device, seconds)
+    return cal
+
+
+def _worker(
+    rank: int, world: int, port: int, plan: Plan, device_type: str, seconds: float, threads: int, out: str
+):
+    import torch.distributed as dist
+
+    if device_type == "cpu":
+        torch.set_num_threads(threads)
+        device = torch.device("cpu")
+    else:
+        device = torch.device(device_type, rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "gloo" if device_type == "cpu" else "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+    )
+    try:
+        cal = _measure_all(plan, device, seconds)
+        if rank == 0:
+            torch.save(cal.__dict__, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def calibrate(plan: Plan, seconds: float = 0.3, config_argv: list[str] | None = None) -> Calibration:
+    """Measure on the devices present: the first CUDA devices if any, else this CPU. `config_argv` (the run's
+    config arguments) lets the CPU runtime probe open the run's tokenizer and dataset."""
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    present = torch.cuda.device_count() if device_type == "cuda" else (os.cpu_count() or 1)
+    world = max(1, min(plan.dims.world_size, present))
+    threads = max(1, (os.cpu_count() or 1) // world) if world > 1 else torch.get_num_threads()
+    notes = [
+        f"{world} process(es) on {device_type}"
+        + (f", {threads} thread(s) each" if device_type == "cpu" else "")
+    ]
+    if world == 1:
+        cal = _measure_all(plan, torch.device(device_type), seconds)
+    else:
+        import torch.multiprocessing as mp
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "calibration.pt")
+            mp.spawn(
+                _worker, args=(world, _free_port(), plan, device_type, seconds, threads, out), nprocs=world
+            )
+            cal = Calibration(**torch.load(out, weights_only=False))
+    if device_type == "cpu":
+        cal.runtime_rss_gib = runtime_rss_gib(config_argv or [])
+        if cal.runtime_rss_gib is None:
+            notes.append(
+                "runtime memory probe failed (tokenizer or dataset not readable): RSS baseline not counted"
+            )
+    cal.notes = notes
+    return cal

@@ -1,0 +1,173 @@
+"""Peak device memory of a training step, per rank, by component (docs/estimate.md, "Memory model").
+
+The peak is the larger of two moments:
+  backward start  all saved activations of the micro-batches in flight, the loss buffers, FSDP's gathered and
+                  gradient buffers, the sharded states (and the sharded gradients when several micro-steps
+                  accumulate into them);
+  optimizer step  parameters, gradients, both AdamW moments and the optimizer's temporaries.
+Figures are what CUDA's caching allocator reserves (torch.cuda.max_memory_reserved, what the trainer logs as
+memory/max_reserved_gib): allocated bytes x (1 + fragmentation) + fixed pools. On CPU the figure is the process's
+resident set: the measured runtime baseline (Python, torch, data libraries) plus the allocated bytes.
+"""
+
+from __future__ import annotations
+
+from .activations import backward_working_set_per_token, block_modes, saved_per_token
+from .plan import GIB, Plan
+
+KEYS = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "logits_loss",
+    "fsdp_buffers",
+    "float8_extras",
+    "allocator_and_comm_overhead",
+)
+
+ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
+MASTER_BYTES = 4  # FSDP keeps parameters (and their gradients) in fp32: the optimizer's master copy
+
+
+def in_flight_passes(plan: Plan, rank: int) -> float:
+    """Forward passes (of one stage chunk each) whose activations a pipeline rank holds at its peak."""
+    if plan.pp_plan is None:
+        return 1.0
+    p, m = plan.pp, plan.n_microbatches
+    v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
+    schedule = plan.pp_plan.schedule
+    if schedule == "GPipe":
+        return float(m * v)
+    if schedule == "1F1B":
+        return float(min(m, p - rank))
+    # interleaved schedules (torch's warm-up: (v-1) rounds of p micro-batches plus 2 per later rank), in chunks
+    return float(min(m * v, (v - 1) * p + 2 * (p - 1 - rank) + 1))
+
+
+def gather_bytes(plan: Plan, linear_share_fp8: float) -> float:
+    """Bytes per parameter of a gathered block: float8 all-gather moves the converted weights as 1 byte."""
+    b = plan.act_bytes
+    if plan.float8_all_gather:
+        return linear_share_fp8 * 1 + (1 - linear_share_fp8) * b
+    return b
+
+
+def fp8_param_share(plan: Plan) -> float:
+    """Share of a block's parameters in float8-converted linears."""
+    mats = sum(lin.in_features * lin.out_features for lin in plan.block_linears)
+    conv = sum(lin.in_features * lin.out_features for lin in plan.block_linears if lin.float8)
+    return conv / mats if mats else 0.0
+
+
+def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
+    """Bytes of every component at the peak on pipeline rank `rank` (0 without PP)."""
+    eff, s = plan.eff, plan.shape
+    n_blocks, has_emb, has_head = plan.rank_layers()[rank]
+    v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank if plan.pp_plan else 1
+    p_blk = plan.block_params()
+    p_rank = (
+        n_blocks * p_blk
+        + (plan.embedding_params() if has_emb else 0)
+        + (plan.head_params() if has_head else 0)
+    )
+    n = plan.fsdp_degree
+    sharded = n > 1
+    p_local = p_rank / n
+    accumulating = plan.accum > 1 and plan.pp_plan is None
+    tokens = plan.tokens_per_pass
+
+    params = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else MASTER_BYTES * p_local
+    states = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else ADAMW_STATE_BYTES * p_local
+
+    # ---- activations: blocks of the passes in flight, plus the final norm's gathered output for the head ----
+    modes = block_modes(
+        plan.cfg.activation_checkpoint.mode, plan.cfg.activation_checkpoint.selective_ac_option, n_blocks
+    )
+    per_pass_blocks = sum(saved_per_token(m, s, plan.compile_model) for m in modes) / v  # one chunk's blocks
+    passes = in_flight_passes(plan, rank)
+    acts = passes * per_pass_blocks * tokens
+    if has_head:
+        acts += tokens * plan.args.dim * plan.act_bytes
+    acts += max(backward_working_set_per_token(m, s, plan.compile_model) for m in set(modes)) * tokens
+
+    # ---- logits and loss: fp32 upcast of [tokens, vocab] and its gradient (eager), or bf16 in and out (compiled)
+    logits = 0.0
+    if has_head:
+        vocab = plan.args.vocab_size / plan.tp if plan.loss_parallel else plan.args.vocab_size
+        per_logit = 2 * plan.act_bytes if plan.compile_loss else 3 * 4
+        logits = tokens * vocab * per_logit
+
+    # ---- FSDP: gathered copies and unsharded gradients ----
+    gb = gather_bytes(plan, fp8_param_share(plan))
+    policy = plan.cfg.parallelism.fsdp_reshard_after_forward
+    keep_blocks = (not sharded) or plan.pp_plan is not None or policy == "never"
+    gathered = 0.0
+    grads = MASTER_BYTES * p_local if accumulating else 0.0
+    if not sharded:
+        # nothing sharded (issue 10: no FSDP wrapper, autocast): bf16 copies of every weight live through
+        # forward and backward; the unsharded fp32 gradients fill up during backward (counted at the end of it).
+        gathered = p_rank * (plan.act_bytes if plan.act_bytes == 2 else 0)
+        grad_buffers = 0.0
+    else:
+        if keep_blocks:
+            gathered += n_blocks * p_blk * gb
+        else:
+            gathered += 2 * p_blk * gb  # the block running and the one prefetched
+        if has_head:
+            gathered += plan.head_params() * plan.act_bytes  # the head unit stays gathered for backward
+        if has_emb and (keep_blocks or policy == "never"):
+            gathered += plan.embedding_params() * plan.act_bytes
+        # backward: the running block's low-precision gradients and the reduce-dtype copies of two blocks in flight
+        grad_buffers = p_blk * (plan.act_bytes + 2 * plan.reduce_bytes)
+        if plan.pp_plan is not None:
+            # PP: gradients are reduce-scattered only after the last micro-batch; until then FSDP accumulates
+            # them unsharded, in the reduce dtype, for the whole stage.
+            grad_buffers = p_rank * plan.reduce_bytes
+    fsdp = gathered + grad_buffers
+
+    # ---- float8: the casted (and transposed) operands of the largest converted matmul ----
+    f8 = 0.0
+    if plan.float8 and any(lin.float8 for lin in plan.block_linears):
+        widest = max(lin.in_features + lin.out_features for lin in plan.block_linears if lin.float8) / plan.tp
+        f8 = 2 * tokens * widest  # 1 byte each, plus the transposed copy for the weight gradient
+
+    backward_start = params + states + grads + acts + logits + fsdp + f8
+    optimizer_phase = params + states + MASTER_BYTES * p_local * 2  # gradients + foreach temporaries
+    if optimizer_phase > backward_start:
+        parts = {"parameters": params, "gradients": 2 * MASTER_BYTES * p_local, "optimizer_states": states}
+        parts.update({k: 0.0 for k in ("activations", "logits_loss", "fsdp_buffers", "float8_extras")})
+    else:
+        parts = {
+            "parameters": params,
+            "gradients": grads,
+            "optimizer_states": states,
+            "activations": acts,
+            "logits_loss": logits,
+            "fsdp_buffers": fsdp,
+            "float8_extras": f8,
+        }
+    allocated = sum(parts.values())
+    if plan.hw.is_cpu:
+        baseline = (plan.calibration.runtime_rss_gib or 0.0) if plan.calibration else 0.0
+        parts["allocator_and_comm_overhead"] = baseline * GIB
+    else:
+        parts["allocator_and_comm_overhead"] = allocated * eff.fragmentation + eff.allocator_fixed_gib * GIB
+    return parts
+
+
+def training_memory(plan: Plan) -> dict:
+    """Per-rank peak memory (the worst pipeline rank) with its breakdown, in GiB, and whether it fits."""
+    ranks = range(plan.pp) if plan.pp_plan is not None else [0]
+    per_rank = [rank_memory(plan, r) for r in ranks]
+    worst = max(range(len(per_rank)), key=lambda r: sum(per_rank[r].values()))
+    parts = per_rank[worst]
+    total = sum(parts.values())
+    context = 0.0 if plan.hw.is_cpu else plan.eff.cuda_context_gib * GIB
+    return {
+        "memory_gib": total / GIB,
+        "memory_breakdown_gib": {k: parts[k] / GIB for k in KEYS},
+        "peak_pipeline_rank": worst if plan.pp_plan is not None else None,
+        "device_memory_gib": plan.hw.memory_gib,
+        "fits": total + context <= plan.hw.memory_gib * GIB,
+    }

@@ -1,0 +1,335 @@
+"""Everything an estimate needs, resolved once from the config: model, layout, hardware, flags.
+
+The layout checks are the trainer's own (ParallelDims.validate, plan_pipeline), so the estimator accepts exactly
+the configurations training accepts. The model's linear layers come from the model itself, built on the meta
+device, and float8's share from the float8 module filter: no second description of the architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from torchtitan.errors import UserError
+from torchtitan.metrics.hardware import DeviceSpec, device_spec
+from torchtitan.models import model_args_from_config
+from torchtitan.models.llama3 import ModelArgs
+from torchtitan.parallel.dims import ParallelDims
+from torchtitan.parallel.pipeline import PipelinePlan, plan_pipeline
+
+from .activations import BlockShape
+from .efficiency import DEFAULT, Efficiency
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A device with every number the estimator uses filled in (table, overrides, or measurement)."""
+
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float | None
+    memory_gib: float
+    hbm_gbps: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    devices_per_node: int
+    is_cpu: bool = False
+    source: str = "table"
+
+
+@dataclass(frozen=True)
+class Linear:
+    name: str  # e.g. "wq", "output"
+    in_features: int
+    out_features: int
+    float8: bool  # converted by the float8 module filter (when float8 is enabled)
+    colwise: bool  # tensor parallel splits the output features (else the input features)
+
+
+@dataclass
+class Calibration:
+    """Measured on the devices present (calibrate.py); each field replaces a table value or efficiency."""
+
+    device: str = ""
+    matmul_tflops: dict = field(default_factory=dict)  # (M, N, K) -> sustained TFLOPS of that bf16 GEMM
+    matmul_peak_tflops: float | None = None  # square-GEMM peak (the MFU reference on CPU)
+    attention_tflops: float | None = None  # SDPA forward+backward on the FLOPs it does
+    hbm_gbps: float | None = None  # elementwise copy bandwidth actually sustained
+    collective_gbps: float | None = None  # all-gather / reduce-scatter bus bandwidth between the processes
+    runtime_rss_gib: float | None = None  # CPU: resident memory of the trainer's runtime, before any model
+    notes: list = field(default_factory=list)
+
+
+def _pick(override, value, what: str):
+    if override is not None:
+        if not (isinstance(override, (int, float)) and math.isfinite(override) and override > 0):
+            raise UserError(f"estimate.{what} = {override!r} must be a positive number")
+        return override
+    return value
+
+
+def resolve_hardware(est, calibration: Calibration | None = None, require_rates: bool = True) -> Hardware:
+    """The [estimate] hardware with its overrides applied; CPU numbers must come from a calibration.
+
+    require_rates=False leaves unknown rates as NaN (enough for memory, and for planning the calibration)."""
+    spec: DeviceSpec = device_spec(est.hardware)
+    cal = calibration or Calibration()
+    is_cpu = spec.name == "CPU"
+    bf16 = _pick(est.peak_tflops, spec.bf16_tflops, "peak_tflops")
+    if bf16 is None:
+        bf16 = cal.matmul_peak_tflops
+    fp8 = est.fp8_peak_tflops
+    if fp8 is None and spec.fp8_tflops is not None:
+        fp8 = spec.fp8_tflops if est.peak_tflops is None else spec.fp8_tflops / spec.bf16_tflops * bf16
+    memory = _pick(est.memory_gib, spec.memory_gib, "memory_gib")
+    if memory is None:  # CPU: the machine's RAM
+        from torchtitan.metrics.memory import device_memory_gib
+
+        memory = device_memory_gib("cpu")
+    hbm = _pick(est.hbm_bandwidth_gbps, spec.hbm_gbps, "hbm_bandwidth_gbps") or cal.hbm_gbps
+    intra = _pick(est.intra_node_bandwidth_gbps, spec.intra_node_gbps, "intra_node_bandwidth_gbps")
+    intra = intra or cal.collective_gbps
+    inter = _pick(est.inter_node_bandwidth_gbps, spec.inter_node_gbps, "inter_node_bandwidth_gbps") or intra
+    per_node = est.devices_per_node or spec.devices_per_node
+    if is_cpu and est.devices_per_node is None:
+        per_node = max(est.num_devices, 1)  # CPU processes of one host talk over loopback
+    needed = [("peak", bf16), ("memory bandwidth", hbm)]
+    if est.num_devices > 1:
+        needed.append(("collective bandwidth", intra))
+    missing = [n for n, v in needed if not v]
+    if missing and require_rates:
+        raise UserError(
+            f"estimate.hardware={est.hardware!r}: {', '.join(missing)} unknown; run with --estimate.calibrate=true"
+            " (measures this machine) or set --estimate.peak_tflops / hbm_bandwidth_gbps / intra_node_bandwidth_gbps"
+        )
+    overridden = [
+        k
+        for k in (
+            "peak_tflops",
+            "fp8_peak_tflops",
+            "memory_gib",
+            "hbm_bandwidth_gbps",
+            "intra_node_bandwidth_gbps",
+        )
+        if getattr(est, k) is not None
+    ]
+    source = "measured" if is_cpu else "table"
+    if overridden:
+        source += " + overrides (" + ", ".join(overridden) + ")"
+    nan = float("nan")
+    return Hardware(
+        name=spec.name,
+        bf16_tflops=float(bf16 or nan),
+        fp8_tflops=fp8,
+        memory_gib=float(memory),
+        hbm_gbps=float(hbm or nan),
+        intra_node_gbps=float(intra or nan),
+        inter_node_gbps=float(inter or nan),
+        devices_per_node=int(per_node),
+        is_cpu=is_cpu,
+        source=source,
+    )
+
+
+_LINEARS: dict[tuple[str, int], tuple[tuple[Linear, ...], Linear]] = {}
+
+
+def model_linears(args: ModelArgs, min_dim: int) -> tuple[tuple[Linear, ...], Linear]:
+    """(one block's linears, the output head) of the model built on the meta device, with float8 decisions."""
+    key = (repr(args), min_dim)
+    if key not in _LINEARS:
+        _LINEARS[key] = _build_linears(args, min_dim)
+    return _LINEARS[key]
+
+
+def _build_linears(args: ModelArgs, min_dim: int) -> tuple[tuple[Linear, ...], Linear]:
+    import torch
+
+    from torchtitan.models.llama3 import Transformer
+    from torchtitan.quantize.float8 import filter_decision
+
+    small = dataclasses.replace(args, n_layers=1, max_seq_len=2)  # one block is all we need; tiny RoPE table
+    with torch.device("meta"):
+        model = Transformer(small)
+    block, head = [], None
+    for fqn, m in model.named_modules():
+        if not isinstance(m, torch.nn.Linear):
+            continue
+        name = fqn.rsplit(".", 1)[-1]
+        fp8 = filter_decision(fqn, m.in_features, m.out_features, min_dim) is None
+        lin = Linear(name, m.in_features, m.out_features, fp8, colwise=name not in ("wo", "w2"))
+        if fqn == "output":
+            head = lin
+        else:
+            block.append(lin)
+    if (
+        head is None
+    ):  # tied embeddings: the output matmul uses the embedding table (never float8: it is the head)
+        head = Linear("output", args.dim, args.vocab_size, False, colwise=True)
+    return tuple(block), head
+
+
+@dataclass
+class Plan:
+    """A resolved training configuration, per rank (the numbers every formula reads)."""
+
+    cfg: object
+    args: ModelArgs
+    dims: ParallelDims
+    pp_plan: PipelinePlan | None
+    hw: Hardware
+    eff: Efficiency
+    calibration: Calibration | None
+    block_linears: tuple[Linear, ...]
+    head: Linear
+
+    # ---- convenience views of the config ----
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.training.seq_len
+
+    @property
+    def local_batch(self) -> int:
+        return self.cfg.training.local_batch_size
+
+    @property
+    def accum(self) -> int:
+        return self.dims.grad_accumulation_steps(self.cfg.training)
+
+    @property
+    def tp(self) -> int:
+        return self.dims.tp
+
+    @property
+    def cp(self) -> int:
+        return self.dims.cp
+
+    @property
+    def pp(self) -> int:
+        return self.dims.pp
+
+    @property
+    def fsdp_degree(self) -> int:
+        return self.dims.dp_shard * self.dims.cp
+
+    @property
+    def compile_model(self) -> bool:
+        c = self.cfg.compile
+        return c.enable and "model" in c.components
+
+    @property
+    def compile_loss(self) -> bool:
+        c = self.cfg.compile
+        return c.enable and "loss" in c.components
+
+    @property
+    def float8(self) -> bool:
+        return self.cfg.float8.enable
+
+    @property
+    def float8_all_gather(self) -> bool:
+        return self.float8 and self.cfg.float8.enable_fsdp_float8_all_gather
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp > 1 and self.cfg.parallelism.enable_sequence_parallel
+
+    @property
+    def loss_parallel(self) -> bool:
+        return self.tp > 1 and self.cfg.parallelism.enable_loss_parallel
+
+    @property
+    def act_bytes(self) -> int:
+        return 2 if self.cfg.training.mixed_precision_param == "bfloat16" else 4
+
+    @property
+    def reduce_bytes(self) -> int:
+        return 4 if self.cfg.training.mixed_precision_reduce == "float32" else 2
+
+    @property
+    def async_tp(self) -> bool:
+        return self.cfg.estimate.async_tp
+
+    @property
+    def shape(self) -> BlockShape:
+        a, t = self.args, self.tp
+        return BlockShape(
+            d=a.dim,
+            h=a.n_heads * a.head_dim // t,
+            kv=a.n_kv_heads * a.head_dim // t,
+            f=a.ffn_hidden_dim // t,
+            heads=a.n_heads // t,
+            tp=t,
+            sequence_parallel=self.sequence_parallel,
+            act_bytes=self.act_bytes,
+            fused_norm=not self.hw.is_cpu,
+        )
+
+    @property
+    def microbatch_seqs(self) -> int:
+        """Sequences per forward pass of a stage: the pipeline micro-batch, or the whole local batch."""
+        if self.pp_plan is not None:
+            return self.cfg.parallelism.pipeline_parallel_microbatch_size
+        return self.local_batch
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.pp_plan.n_microbatches if self.pp_plan is not None else 1
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Tokens one forward pass of a stage holds on this rank (CP splits the sequence)."""
+        return self.microbatch_seqs * self.seq_len / self.cp
+
+    def rank_layers(self) -> list[tuple[int, bool, bool]]:
+        """Per pipeline rank: (blocks, holds the embedding, holds the head). One entry without PP."""
+        if self.pp_plan is None:
+            return [(self.args.n_layers, True, True)]
+        out = []
+        last = self.pp_plan.num_stages - 1
+        for r in range(self.pp):
+            stages = self.pp_plan.stages_of_rank(r)
+            n = sum(len(self.pp_plan.stage_layers[s]) for s in stages)
+            out.append((n, 0 in stages, last in stages))
+        return out
+
+    def block_params(self) -> float:
+        """Parameters of one block on this rank (TP-sharded matrices; norms replicated)."""
+        mats = sum(lin.in_features * lin.out_features for lin in self.block_linears)
+        return mats / self.tp + 2 * self.args.dim
+
+    def embedding_params(self) -> float:
+        return self.args.vocab_size * self.args.dim / self.tp
+
+    def head_params(self) -> float:
+        """norm + output (0 for the output when tied: it is the embedding's table)."""
+        out = 0 if self.args.tie_embeddings else self.args.vocab_size * self.args.dim / self.tp
+        return out + self.args.dim
+
+
+def build_plan(
+    cfg, calibration: Calibration | None = None, eff: Efficiency = DEFAULT, require_rates: bool = True
+) -> Plan:
+    """Resolve and check a training configuration for `cfg.estimate.num_devices` devices."""
+    est = cfg.estimate
+    if est.num_devices < 1:
+        raise UserError(f"estimate.num_devices = {est.num_devices} must be >= 1")
+    if est.devices_per_node is not None and est.devices_per_node < 1:
+        raise UserError(f"estimate.devices_per_node = {est.devices_per_node} must be >= 1 or none")
+    hw = resolve_hardware(est, calibration, require_rates)
+    args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    dims = ParallelDims.from_config(cfg.parallelism, est.num_devices)
+    dims.validate(args, cfg, "cpu" if hw.is_cpu else "cuda")
+    pp_plan = None
+    if dims.pp_enabled:
+        pp_plan = plan_pipeline(
+            cfg.parallelism, args.n_layers, cfg.training.local_batch_size, args.tie_embeddings
+        )
+    block, head = model_linears(args, cfg.float8.min_dim)
+    if not cfg.float8.enable:
+        block = tuple(dataclasses.replace(lin, float8=False) for lin in block)
+        head = dataclasses.replace(head, float8=False)
+    return Plan(cfg, args, dims, pp_plan, hw, eff, calibration, block, head)

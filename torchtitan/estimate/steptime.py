@@ -1,0 +1,404 @@
+"""Step time of a training configuration, per rank, by component (docs/estimate.md, "Time model").
+
+compute      forward + backward of every matmul (roofline per GEMM shape: FLOPs at the dtype's sustained peak,
+             or its bytes at the sustained HBM bandwidth, whichever is slower), flash attention on the FLOPs it
+             does (causal: half the score matrix), memory-bound elementwise work by its bytes (norms, RoPE,
+             SwiGLU, residual adds; fused by compile), the loss, and float8's amax/cast/transpose passes
+recompute    the forward work activation checkpointing repeats in backward
+exposed communication, by dimension:
+   fsdp      all-gathers are prefetched one unit ahead and reduce-scatters drain behind the next unit's backward;
+             what a unit's compute cannot hide is exposed, plus the first all-gather and the last reduce-scatter
+   tp        sequence-parallel all-gathers / reduce-scatters of every block: on the critical path
+   cp        all-gathered (rotate_method allgather) K/V before attention: exposed; alltoall: overlapped ring
+   pp        point-to-point activation/gradient transfers, per micro-batch and stage
+pipeline_bubble  idle time of the schedule: (p-1)/m of the work for 1F1B/GPipe, (p-1)/(v*m) interleaved, a third
+             of that for the zero-bubble schedules
+optimizer    AdamW + gradient clipping over this rank's fp32 shard: memory-bound
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .activations import (
+    block_modes,
+    recomputed_matmuls,
+    recomputes_attention,
+    recomputes_elementwise,
+    tp_collectives_recomputed,
+)
+from .memory import fp8_param_share, gather_bytes
+from .plan import Linear, Plan
+
+ADAMW_BYTES_PER_PARAM = {"foreach": 84, "for-loop": 84, "fused": 28}  # passes over param, grad, 2 moments
+CLIP_BYTES_PER_PARAM = 12  # norm (read) + scale (read, write) of each fp32 gradient
+CP_MERGE_FWD_BYTES = 24  # per query element and ring step: fp32 merge of the partial attention output
+CP_MERGE_BWD_BYTES = 8  # per q/k/v element and ring step: fp32 gradient accumulation
+
+
+@dataclass
+class Pass:
+    """Seconds of one forward+backward pass over some blocks, by kind of work."""
+
+    matmul: float = 0.0
+    attention: float = 0.0
+    elementwise: float = 0.0
+    loss: float = 0.0
+    float8_casts: float = 0.0
+    recompute: float = 0.0
+    fwd: float = 0.0  # forward share (for FSDP overlap)
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def compute(self) -> float:
+        return self.matmul + self.attention + self.elementwise + self.loss + self.float8_casts
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.recompute
+
+
+class Rates:
+    """Sustained rates on this hardware: table peaks x default efficiencies, or calibrated measurements."""
+
+    def __init__(self, plan: Plan):
+        hw, eff, cal = plan.hw, plan.eff, plan.calibration
+        self.cal = cal
+        self.bf16 = hw.bf16_tflops * 1e12 * eff.matmul_bf16
+        self.fp8 = (
+            (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * (eff.matmul_fp8 if hw.fp8_tflops else eff.matmul_bf16)
+        )
+        self.attn_fwd = hw.bf16_tflops * 1e12 * eff.attention_fwd
+        self.attn_bwd = hw.bf16_tflops * 1e12 * eff.attention_bwd
+        self.hbm = hw.hbm_gbps * 1e9 * eff.hbm
+        self.intra = hw.intra_node_gbps * 1e9 * eff.intra_node
+        self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
+        if cal is not None:
+            if cal.attention_tflops:
+                self.attn_fwd = self.attn_bwd = cal.attention_tflops * 1e12
+            if cal.hbm_gbps:
+                self.hbm = cal.hbm_gbps * 1e9
+            if cal.collective_gbps:
+                self.intra = cal.collective_gbps * 1e9
+                if hw.is_cpu:
+                    self.inter = self.intra
+            if cal.matmul_peak_tflops and hw.is_cpu:
+                self.bf16 = self.fp8 = cal.matmul_peak_tflops * 1e12
+
+    def gemm(self, m: float, n: float, k: float, fp8: bool, act_bytes: int) -> float:
+        """Seconds of one [m,k] x [k,n] GEMM: measured if calibrated for this shape, else the roofline."""
+        if self.cal is not None and not fp8:
+            measured = self.cal.matmul_tflops.get((int(m), int(n), int(k)))
+            if measured:
+                return 2 * m * n * k / (measured * 1e12)
+        flops = 2 * m * n * k
+        in_b = 1 if fp8 else act_bytes
+        moved = (m * k + k * n) * in_b + m * n * act_bytes
+        return max(flops / (self.fp8 if fp8 else self.bf16), moved / self.hbm)
+
+
+def _local(lin: Linear, tp: int) -> tuple[int, int]:
+    """(in, out) features of a linear on one tensor-parallel rank."""
+    if tp == 1:
+        return lin.in_features, lin.out_features
+    if lin.colwise:
+        return lin.in_features, lin.out_features // tp
+    return lin.in_features // tp, lin.out_features
+
+
+def _linear_time(r: Rates, lin: Linear, tokens: float, tp: int, b: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one linear over `tokens` rows: y = x W^T, dx = dy W, dW = dy^T x."""
+    k, n = _local(lin, tp)
+    fwd = r.gemm(tokens, n, k, lin.float8, b)
+    bwd = r.gemm(tokens, k, n, lin.float8, b) + r.gemm(n, k, tokens, lin.float8, b)
+    return fwd, bwd
+
+
+def elementwise_bytes(plan: Plan) -> tuple[float, float]:
+    """(forward, backward) bytes of a block's memory-bound elementwise work per token (docs/estimate.md).
+
+    Eager: fused RMSNorm (torch.rms_norm on CUDA), RoPE in fp32 as the model writes it (upcast, four products,
+    difference and sum, stack, downcast: 44 + 2b bytes per element of q and k), the copy of the attention output
+    into wo's layout, SiLU and the gate product, two residual adds. Compiled: norms fused with the residual adds,
+    RoPE in one kernel, SiLU x gate in one kernel.
+    """
+    s, b = plan.shape, plan.act_bytes
+    qk = s.h + s.kv
+    if plan.compile_model:
+        fwd = 8 * b * s.d_s + 2 * b * qk + 2 * b * s.h + 3 * b * s.f
+        bwd = 10 * b * s.d_s + 2 * b * qk + 2 * b * s.h + 5 * b * s.f
+    else:
+        rope = 44 + 2 * b
+        # fused RMSNorm reads and writes each element once (backward: reads grad and input, writes grad); the
+        # composite one (CPU) upcasts (b+4), squares (8), averages (4), scales (8), downcasts (4+b) and applies
+        # the weight (2b): 28 + 4b, and about twice that backward
+        norm_f = 2 * b if s.fused_norm else 28 + 4 * b
+        norm_b = 3 * b if s.fused_norm else 2 * (28 + 4 * b)
+        fwd = (2 * norm_f + 6 * b) * s.d_s + rope * qk + 2 * b * s.h + 5 * b * s.f
+        bwd = (2 * norm_b + 6 * b) * s.d_s + rope * qk + 2 * b * s.h + 9 * b * s.f
+    return fwd, bwd
+
+
+def _float8_cast_bytes(plan: Plan, lin: Linear) -> tuple[float, float, float]:
+    """(forward per token, backward per token, per pass per weight) bytes of torchao's dynamic float8 scaling for a
+    converted linear: amax + cast of the input (fwd) and of the output gradient (bwd), the input re-cast and both
+    transposed for the weight gradient, the weight cast and transpose once per pass (fused by compile)."""
+    k, n = _local(lin, plan.tp)
+    if plan.compile_model:
+        return 3 * k, 3 * k + 5 * n, 2.0 if plan.float8_all_gather else 7.0
+    return 5 * k, 5 * k + 7 * n, 2.0 if plan.float8_all_gather else 7.0
+
+
+def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
+    """One block's forward + backward (+ recompute) over `tokens` tokens."""
+    p, s, b = Pass(), plan.shape, plan.act_bytes
+    rec_mm = recomputed_matmuls(mode)
+    for lin in plan.block_linears:
+        f, bw = _linear_time(r, lin, tokens, plan.tp, b)
+        p.matmul += f + bw
+        p.fwd += f
+        if lin.name in rec_mm:
+            p.recompute += f
+        if lin.float8:
+            fb, bb, wb = _float8_cast_bytes(plan, lin)
+            k, n = _local(lin, plan.tp)
+            t_f = (fb * tokens + wb * k * n / 2) / r.hbm
+            t_b = (bb * tokens + wb * k * n / 2) / r.hbm
+            p.float8_casts += t_f + t_b
+            p.fwd += t_f
+            if lin.name in rec_mm:
+                p.recompute += t_f
+    # flash attention: queries of this rank x (seq_len / 2) keys on average (causal, load-balanced under CP)
+    attn_fwd_flops = 4 * tokens * (plan.seq_len / 2) * s.h
+    t_af = attn_fwd_flops / r.attn_fwd
+    t_ab = 2.5 * attn_fwd_flops / r.attn_bwd  # 5 matmuls backward vs 2 forward (scores recomputed)
+    p.attention = t_af + t_ab
+    p.fwd += t_af
+    if recomputes_attention(mode):
+        p.recompute += t_af
+    ew_f, ew_b = elementwise_bytes(plan)
+    if plan.cp > 1:
+        # ring attention: every step's partial output is merged into an fp32 running output and logsumexp
+        # (~24 bytes per query element); backward accumulates dq, dk, dv in fp32 per step (8 bytes each)
+        ew_f += plan.cp * CP_MERGE_FWD_BYTES * s.h
+        ew_b += plan.cp * CP_MERGE_BWD_BYTES * (s.h + 2 * s.kv)
+    t_ef, t_eb = ew_f * tokens / r.hbm, ew_b * tokens / r.hbm
+    p.elementwise = t_ef + t_eb
+    p.fwd += t_ef
+    if recomputes_elementwise(mode):
+        p.recompute += t_ef
+    return p
+
+
+def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
+    """Final norm, output projection and loss over `tokens` tokens."""
+    p, b = Pass(), plan.act_bytes
+    f, bw = _linear_time(r, plan.head, tokens, plan.tp, b)
+    p.matmul = f + bw
+    vocab = plan.args.vocab_size / plan.tp if plan.tp > 1 else plan.args.vocab_size
+    per_logit = 4 * b if plan.compile_loss else 32 + 2 * b  # fp32 upcast, log-softmax, NLL and their backward
+    p.loss = tokens * vocab * per_logit / r.hbm
+    p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
+    p.fwd = f + p.loss / 2
+    return p
+
+
+def embedding_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
+    """Lookup forward; backward zero-fills the table's gradient and scatters the tokens' rows into it."""
+    b = plan.act_bytes
+    p = Pass()
+    p.elementwise = (2 * tokens * plan.args.dim * b + plan.embedding_params() * b) / r.hbm
+    p.fwd = tokens * plan.args.dim * b / r.hbm
+    return p
+
+
+# ------------------------------------------------------------------------------------------- communication
+
+
+def _link(plan: Plan, r: Rates, span: int) -> float:
+    """Bytes/s per rank of a collective whose ranks span `span` consecutive global ranks."""
+    return r.intra if span <= plan.hw.devices_per_node else r.inter
+
+
+def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]]) -> float:
+    """Exposed seconds of FSDP communication in one forward+backward of a rank's units.
+
+    `passes` lists (forward, backward) compute seconds of the rank's units in forward order. Units: embedding,
+    each block, the head (norm + output), as issue 10 wraps them; the head stays gathered for backward.
+    """
+    d, n = plan.dims, plan.fsdp_degree
+    if n == 1 and d.dp_replicate == 1:
+        return 0.0
+    span = d.dp_shard * d.cp * d.tp
+    bw = _link(plan, r, span)
+    gb = gather_bytes(plan, fp8_param_share(plan))
+    n_blocks, has_emb, has_head = plan.rank_layers()[rank]
+    kinds = (["emb"] if has_emb else []) + ["block"] * n_blocks + (["head"] if has_head else [])
+    size = {"emb": plan.embedding_params(), "block": plan.block_params(), "head": plan.head_params()}
+    frac = (n - 1) / n
+    ag = [size[k] * (gb if k == "block" else plan.act_bytes) * frac / bw for k in kinds]
+    rs = [size[k] * plan.reduce_bytes * frac / bw for k in kinds]
+    if d.dp_replicate > 1:
+        # HSDP: the shard's gradients are all-reduced across replicas after the reduce-scatter
+        rep_bw = _link(plan, r, d.dp_replicate * span)
+        rep = 2 * (d.dp_replicate - 1) / d.dp_replicate * plan.reduce_bytes / n / rep_bw
+        rs = [x + size[k] * rep for x, k in zip(rs, kinds)]
+    regather = plan.pp_plan is None and plan.cfg.parallelism.fsdp_reshard_after_forward != "never"
+    ag_bwd = [a if (regather and k != "head") else 0.0 for a, k in zip(ag, kinds)]
+    if plan.hw.is_cpu:  # gloo runs on the same cores as the compute: nothing overlaps
+        return sum(ag) + sum(ag_bwd) + sum(rs)
+    fwd = [p[0] for p in passes]
+    bwd = [p[1] for p in passes]
+    exposed = ag[0] + sum(max(0.0, ag[i] - fwd[i - 1]) for i in range(1, len(ag)))
+    order = list(range(len(kinds)))[::-1]  # backward runs the units in reverse
+    exposed += ag_bwd[order[0]]
+    for j, u in enumerate(order):
+        link = (ag_bwd[order[j + 1]] if j + 1 < len(order) else 0.0) + (rs[order[j - 1]] if j > 0 else 0.0)
+        exposed += max(0.0, link - bwd[u])
+    return exposed + rs[order[-1]]
+
+
+def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
+    """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
+    t = plan.tp
+    if t == 1:
+        return 0.0
+    bw = _link(plan, r, t)
+    vol = tokens * plan.args.dim * plan.act_bytes * (t - 1) / t
+    per_coll = vol / bw
+    if plan.sequence_parallel:
+        # forward 2 all-gathers + 2 reduce-scatters, backward the same, plus what recompute repeats
+        n = sum(4 + 4 + tp_collectives_recomputed(m) for m in modes)
+    else:
+        # 2 all-reduces forward, 2 backward (2 more for full recompute); an all-reduce moves 2x the bytes
+        n = sum(2 * (2 + 2 + (2 if m == "full" else 0)) for m in modes)
+    n += (2 if has_emb else 0) + (2 if has_head else 0)
+    return n * per_coll
+
+
+def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: float) -> float:
+    """Exposed seconds of context-parallel K/V exchange in one pass over the rank's blocks."""
+    c = plan.cp
+    if c == 1:
+        return 0.0
+    d = plan.dims
+    bw = _link(plan, r, c * d.tp)
+    kv_bytes = tokens * 2 * plan.shape.kv * plan.act_bytes * (c - 1)  # the other ranks' K and V
+    total = 0.0
+    for m in modes:
+        # forward all-gather; backward gather + reduce-scatter of dK/dV; recompute gathers again
+        n = 1 + 2 + (1 if recomputes_attention(m) else 0)
+        total += n * kv_bytes / bw
+    if plan.cfg.parallelism.context_parallel_rotate_method == "alltoall":
+        return max(0.0, total - attention_s)  # ring passes overlap the per-step attention
+    return total
+
+
+def pipeline_ratio(plan: Plan) -> float:
+    """Bubble time as a fraction of a rank's busy time, per schedule."""
+    if plan.pp_plan is None:
+        return 0.0
+    p, m = plan.pp, plan.n_microbatches
+    v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
+    ratio = (p - 1) / (v * m)
+    if "ZeroBubble" in plan.pp_plan.schedule:
+        # backward-weight work fills most of the bubble (Qi et al. 2023, ZB-H1: about a third remains)
+        ratio /= 3
+    return ratio
+
+
+def optimizer_time(plan: Plan, r: Rates, p_local: float) -> float:
+    impl = plan.cfg.optimizer.implementation
+    per_param = ADAMW_BYTES_PER_PARAM[impl] + CLIP_BYTES_PER_PARAM
+    if plan.cfg.float8.enable and plan.cfg.float8.precompute_float8_dynamic_scale_for_fsdp:
+        per_param += 4
+    return p_local * per_param / r.hbm
+
+
+def training_step_time(plan: Plan) -> dict:
+    """Seconds per optimizer step on the slowest rank, with its breakdown."""
+    r = Rates(plan)
+    ac = plan.cfg.activation_checkpoint
+    tokens = plan.tokens_per_pass
+    per_rank = []
+    for rank, (n_blocks, has_emb, has_head) in enumerate(plan.rank_layers()):
+        modes = block_modes(ac.mode, ac.selective_ac_option, n_blocks)
+        units: list[Pass] = []
+        if has_emb:
+            units.append(embedding_pass(plan, r, tokens))
+        by_mode = {m: block_pass(plan, r, m, tokens) for m in set(modes)}  # every block of a mode is alike
+        units += [by_mode[m] for m in modes]
+        if has_head:
+            units.append(head_pass(plan, r, tokens))
+        compute = sum(u.compute for u in units)
+        recompute = sum(u.recompute for u in units)
+        attention = sum(u.attention for u in units)
+        fsdp_exposed = fsdp_units(plan, r, rank, [(u.fwd, u.total - u.fwd) for u in units])
+        tp = tp_comm(plan, r, tokens, modes, has_emb, has_head)
+        tp *= plan.eff.async_tp_exposed if plan.async_tp else plan.eff.tp_exposed
+        cp = cp_comm(plan, r, tokens, modes, attention)
+        detail = {
+            "matmul": sum(u.matmul for u in units),
+            "attention": attention,
+            "elementwise": sum(u.elementwise for u in units),
+            "loss": sum(u.loss for u in units),
+            "float8_casts": sum(u.float8_casts for u in units),
+        }
+        per_rank.append(
+            dict(
+                compute=compute,
+                recompute=recompute,
+                fsdp=fsdp_exposed,
+                tp=tp,
+                cp=cp,
+                detail=detail,
+                n_blocks=n_blocks,
+                has_emb=has_emb,
+                has_head=has_head,
+            )
+        )
+
+    m = plan.n_microbatches
+    passes = m * plan.accum  # forward+backward passes per optimizer step on each stage chunk
+    # the rank with the most work sets the pace
+    busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) for x in per_rank]
+    worst = max(range(len(per_rank)), key=lambda i: busy[i])
+    w = per_rank[worst]
+    steps = plan.accum  # FSDP gathers and reduces once per micro-step (PP: once per schedule step)
+    bubble = pipeline_ratio(plan) * busy[worst] * passes
+    pp_comm = 0.0
+    if plan.pp_plan is not None:
+        d = plan.dims
+        v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
+        bw = _link(plan, r, d.pp * d.dp_replicate * d.dp_shard * d.cp * d.tp)
+        act = tokens * plan.shape.d_s * plan.act_bytes
+        pp_comm = 2 * v * m * plan.accum * act / bw
+    # optimizer over the largest shard
+    p_local = (
+        max(
+            (
+                nb * plan.block_params()
+                + (plan.embedding_params() if e else 0)
+                + (plan.head_params() if h else 0)
+            )
+            for nb, e, h in plan.rank_layers()
+        )
+        / plan.fsdp_degree
+    )
+    opt = optimizer_time(plan, r, p_local)
+    breakdown = {
+        "compute": w["compute"] * passes,
+        "recompute": w["recompute"] * passes,
+        "fsdp_comm_exposed": w["fsdp"] * steps,
+        "tp_comm_exposed": w["tp"] * passes,
+        "cp_comm_exposed": w["cp"] * passes,
+        "pp_comm_exposed": pp_comm,
+        "pipeline_bubble": bubble,
+        "optimizer": opt,
+    }
+    detail = {k: v * passes for k, v in w["detail"].items()}
+    return {
+        "step_time_s": sum(breakdown.values()),
+        "step_time_breakdown_s": breakdown,
+        "compute_detail_s": detail,
+    }
