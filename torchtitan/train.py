@@ -30,8 +30,10 @@ from torchtitan.checkpoint import (
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
 from torchtitan.errors import UserError
+from torchtitan.evaluate import Evaluator
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, resolve_peak
+from torchtitan.metrics.goodput import PROGRESS_FILE, GoodputTracker
 from torchtitan.models import get_model_class, model_args_from_config
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from torchtitan.parallel import (
@@ -48,9 +50,17 @@ from torchtitan.parallel import (
 from torchtitan.parallel.compile import maybe_compile_loss
 from torchtitan.parallel.context import build_cp_context
 from torchtitan.parallel.distributed import check_node_count, launch_world
-from torchtitan.profiling import Profiler
+from torchtitan.profiling import EXIT_OOM, Profiler, oom_message, write_oom_snapshot
 from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
-from torchtitan.watchdog import Watchdog, comm_failure_message, die, hook_stall, is_comm_failure
+from torchtitan.watchdog import (
+    Watchdog,
+    comm_failure_message,
+    die,
+    hook_slow_data,
+    hook_stall,
+    is_comm_failure,
+    last_completed_step,
+)
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, global_tokens: int) -> torch.Tensor:
@@ -109,6 +119,9 @@ def train(cfg: JobConfig) -> int:
             cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
         )
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
+    # Where the wall clock goes, from this process's start; continued across restarts through the checkpoint
+    progress = os.path.join(dump, cfg.checkpoint.folder, PROGRESS_FILE) if cfg.checkpoint.enable else None
+    goodput = GoodputTracker(progress, rank)
     preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
@@ -182,16 +195,30 @@ def train(cfg: JobConfig) -> int:
     cp_context = build_cp_context(
         dims, cfg.parallelism.context_parallel_rotate_method, model_parts, t.seq_len
     )
+    validator = None
+    if cfg.validation.enable:  # held-out loss on fixed batches (forward only, any layout): evaluate.py
+        validator = Evaluator(
+            cfg, dims, device, tokenizer, model_parts, loss_fn, loss_context, cp_context, pp, global_tokens
+        )
 
     # ---- checkpoint: seed mode, or resume (before the metrics, which continue the curves at the resumed step) --
     ckpt = CheckpointManager(
-        cfg, model_parts, optimizer, scheduler, dataloader, rank=rank, dp_rank=dp_rank, dp=dims.dp
+        cfg,
+        model_parts,
+        optimizer,
+        scheduler,
+        dataloader,
+        rank=rank,
+        dp_rank=dp_rank,
+        dp=dims.dp,
+        extra_state={"goodput": goodput},
     )
     if cfg.checkpoint.create_seed_checkpoint:
         ckpt.save(0, 0, kind="seed")
         logger.info("seed checkpoint written; exiting (checkpoint.create_seed_checkpoint)")
         return 0
-    start_step, tokens_seen = ckpt.load()
+    with goodput.phase("checkpoint_load"):
+        start_step, tokens_seen = ckpt.load()
 
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
     compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
@@ -207,6 +234,7 @@ def train(cfg: JobConfig) -> int:
         tokens_per_step_per_dp_rank=local_tokens,
         dump_folder=dump,
         start_step=start_step,
+        goodput=goodput,
     )
     header = [
         f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
@@ -235,7 +263,7 @@ def train(cfg: JobConfig) -> int:
 
     # ---- train -------------------------------------------------------------------------------------------------
     profiler = Profiler(cfg, rank, dump, start_step)
-    data_iter = iter(dataloader)
+    data_iter = hook_slow_data(iter(dataloader), rank)
     for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
@@ -291,13 +319,17 @@ def train(cfg: JobConfig) -> int:
         signum = int(flags[1])
         if ckpt.should_save(step, t.steps) or (signum and cfg.checkpoint.enable):
             last = step == t.steps and cfg.checkpoint.last_save_model_only
-            ckpt.save(step, tokens_seen, kind="export" if last else "full")
+            with goodput.phase("checkpoint_save"):
+                ckpt.save(step, tokens_seen, kind="export" if last else "full")
         ckpt.poll()
+        if validator is not None and validator.due(step):
+            with goodput.phase("validation"):
+                metrics.record_validation(step, validator.run())
         if signum:
             watchdog.stop()
             profiler.stop()
             ckpt.close()
-            metrics.close()
+            metrics.close(step)
             if not cfg.checkpoint.enable:
                 logger.warning(
                     f"signal {signum} received at step {step}; checkpoint.enable=false: nothing saved"
@@ -314,7 +346,7 @@ def train(cfg: JobConfig) -> int:
     watchdog.stop()
     profiler.stop()
     ckpt.close()  # an async save still in flight is waited for and committed
-    metrics.close()
+    metrics.close(t.steps, finished=True)
     logger.info("training finished after %d steps", t.steps)
     return 0
 
@@ -340,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except torch.cuda.OutOfMemoryError as e:  # one line with the snapshot's path, exit EXIT_OOM
+        rank, step = int(os.environ.get("RANK", 0)), (last_completed_step() or 0) + 1
+        folder = os.path.join(cfg.job.dump_folder, cfg.profiling.memory_snapshot_folder)
+        die(oom_message(e, rank, step, write_oom_snapshot(folder, rank, step)), code=EXIT_OOM)
     except RuntimeError as e:
         if is_comm_failure(e):  # a peer died or hung: one line naming this rank and the step, exit 3
             die(comm_failure_message(e), exc=e)
