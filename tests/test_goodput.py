@@ -124,10 +124,9 @@ def test_restart_continues_counters_counts_lost_steps_and_the_gap(clock, tmp_pat
     snap = second.snapshot()
     assert snap["job_start_unix"] == job_start and snap["restarts"] == 1
     assert snap["lost_steps"] == 2 and snap["parts"]["lost"] == 2.0  # steps 4 and 5 re-done
-    assert snap["parts"]["restart"] == pytest.approx(
-        8.5
-    )  # from the last record to this process's start (2 s ago)
-    assert snap["parts"]["productive"] == 1.0 + 3.0  # step 6, and steps 2-5 of the first process
+    # from the last record (after step 5) to this process's start, 2 s before the tracker was made
+    assert snap["parts"]["restart"] == pytest.approx(8.5)
+    assert snap["parts"]["productive"] == 4.0 + 1.0  # steps 2-5 of the first process, step 6 of the second
     assert snap["parts"]["warmup"] == 1.0  # step 1; the second process's first step was a re-done one
     assert snap["parts"]["init"] == pytest.approx(5.0 + 4.0)
     assert parts_sum(snap) == pytest.approx(snap["wall_s"])
@@ -297,11 +296,11 @@ def test_wandb_offline_continues_the_run_after_resume(restarted):
     run_id = (out / "wandb" / "run_id").read_text().strip()
     runs = sorted((out / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(runs) == 2, runs  # the killed process and the resumed one, one W&B run id
-    _, before = wandb_history(runs[0])
+    # (the killed process's file holds only its header: W&B's own service writes the offline file in batches,
+    # and a SIGKILL loses what it had not written; TensorBoard and JSONL flush every log step)
     config, after = wandb_history(runs[1])
     assert config["_wandb"]["branch_point"] == {"run_id": run_id, "step": 3}  # rewound to the checkpoint
     assert sorted(after) == [4, 5, 6]  # then each step once
-    assert set(before) >= {1, 2, 3}
     tb = dict(read_tensorboard_scalars(out / "tb")["loss/global_avg"])
     for step, values in after.items():
         assert values["loss/global_avg"] == pytest.approx(tb[step], rel=1e-6)

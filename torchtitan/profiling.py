@@ -5,9 +5,11 @@ Memory (`profiling.memory_snapshot_steps`), per rank and listed step:
   CUDA  the caching allocator's history (torch.cuda.memory._record_memory_history) from the start of the step,
         dumped at its end as <dump>/<memory_snapshot_folder>/rank<r>_step<N>.pickle: drag it into
         https://pytorch.org/memory_viz to see every live allocation, its size and the stack that made it.
-  CPU   the profiler's memory view of the step (profile_memory): rank<r>_step<N>_memory_timeline.json, the
-        bytes alive over time per category (parameters, gradients, optimizer state, activations, ...), as
-        torch.profiler's export_memory_timeline writes it: [[times_ns], [[bytes per category], ...]].
+  CPU   the step under torch.profiler with profile_memory: rank<r>_step<N>_memory_trace.json, a Chrome trace
+        whose "[memory]" events record every allocation and free with the bytes then allocated (Perfetto draws
+        them as a memory counter under the ops), and rank<r>_step<N>_memory_ops.txt, the ops that allocated the
+        most. (torch's export_memory_timeline, the categorized view, fails on FSDP steps in torch 2.13 with an
+        internal "duplicate outputs" assertion, so it is not used.)
 Out of memory (CUDA): the trainer catches torch.cuda.OutOfMemoryError, dumps a snapshot (with stack traces when
 `profiling.record_memory_history` recorded them), prints one line with its path and exits with EXIT_OOM.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 
 import torch
 
@@ -100,27 +101,30 @@ class Profiler:
         self.memory_prof = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU],
             profile_memory=True,
-            record_shapes=True,  # the memory view needs shapes and stacks to categorize tensors
-            with_stack=True,
+            record_shapes=True,  # the ops table groups by shape too
         )
         self.memory_prof.start()
 
     def _memory_end(self, step: int) -> None:
         base = os.path.join(self.memory_folder, f"rank{self.rank}_step{step}")
-        if _cuda():
-            torch.cuda.memory._dump_snapshot(f"{base}.pickle")
-            if not self.keep_history:
-                torch.cuda.memory._record_memory_history(enabled=None)
-            logger.info(
-                f"memory snapshot of step {step} written to {base}.pickle (open at pytorch.org/memory_viz)"
-            )
+        try:  # a failed dump costs the snapshot, never the run
+            if _cuda():
+                torch.cuda.memory._dump_snapshot(f"{base}.pickle")
+                if not self.keep_history:
+                    torch.cuda.memory._record_memory_history(enabled=None)
+                where = f"{base}.pickle (open it at https://pytorch.org/memory_viz)"
+            else:
+                prof, self.memory_prof = self.memory_prof, None
+                prof.stop()
+                prof.export_chrome_trace(f"{base}_memory_trace.json")
+                table = prof.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=40)
+                with open(f"{base}_memory_ops.txt", "w", encoding="utf-8") as f:
+                    f.write(table)
+                where = f"{base}_memory_trace.json (Perfetto) and {base}_memory_ops.txt"
+        except Exception as e:
+            logger.warning(f"memory snapshot of step {step} failed: {type(e).__name__}: {e}")
             return
-        prof, self.memory_prof = self.memory_prof, None
-        prof.stop()
-        with warnings.catch_warnings():  # torch marks the CPU memory view deprecated in favor of the CUDA one
-            warnings.simplefilter("ignore", FutureWarning)
-            prof.export_memory_timeline(f"{base}_memory_timeline.json", device="cpu")
-        logger.info(f"memory timeline of step {step} written to {base}_memory_timeline.json")
+        logger.info(f"memory of step {step} written to {where}")
 
 
 def write_oom_snapshot(folder: str, rank: int, step: int) -> str | None:

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import uuid
 import warnings
 from pathlib import Path
 
@@ -106,10 +107,8 @@ class WandbSink:
             saved = path.read_text(encoding="utf-8").strip()
             if saved:
                 return saved
-        from wandb.util import generate_id
-
         path.parent.mkdir(parents=True, exist_ok=True)
-        new = generate_id()
+        new = uuid.uuid4().hex[:12]  # W&B run ids: letters and digits
         path.write_text(new + "\n", encoding="utf-8")
         return new
 
