@@ -226,7 +226,7 @@ def test_goodput_adds_up_and_survives_the_restart(restarted):
     # the counters continued: the first process's init and warm-up are still in the total
     first_wall = dict(tb["goodput/wall_s"])[3]  # logged by the first process, kept (steps < the resume point)
     assert wall > first_wall
-    progress = json.loads((out / "checkpoint" / "goodput.json").read_text())
+    progress = json.loads((out / "goodput.json").read_text())
     assert progress["finished"] and progress["furthest_step"] == 6 and progress["lost_steps"] == 2
     assert "goodput " in second.stdout  # its own console line
 

@@ -5,7 +5,8 @@ validation.global_batch_size, default the training global batch): the first step
 held-out split, read in order from one stream (no dp sharding of the source), so the set of sequences does not
 depend on the layout. Data-parallel rank r evaluates rows [r * G/dp, (r + 1) * G/dp) of each global batch, in
 micro-batches of training.local_batch_size (the shape the model, and a pipeline schedule, already run). The
-batches are read once, at the first evaluation, and kept: every evaluation sees the same tokens.
+batches are read once, when the Evaluator is built (before training: a missing or too short split fails at the
+start), and kept: every evaluation sees the same tokens.
 
 Each rank adds up the token cross-entropy (fp32, as in training) of what it computes: under tensor parallel the
 loss (vocabulary-parallel with loss_parallel) is the whole micro-batch's on every tp rank, under context
@@ -38,7 +39,7 @@ class ValidationResult:
     loss_sum: float  # token cross-entropy summed over the whole validation set (every rank's share added)
     tokens: int  # tokens (label positions) in the validation set
     batches: int  # global batches
-    seconds: float  # wall time of this evaluation, including reading the batches the first time
+    seconds: float  # wall time of this evaluation
 
 
 def validation_global_batch(cfg, dims) -> int:
@@ -108,12 +109,14 @@ class Evaluator:
         pp=None,
         pp_step_tokens: int = 1,
     ):
-        self.cfg, self.dims, self.device, self.tokenizer = cfg, dims, device, tokenizer
+        self.cfg, self.dims, self.device = cfg, dims, device
         self.model_parts, self.loss_fn, self.loss_context = model_parts, loss_fn, loss_context
         self.cp_context = cp_context or (lambda inputs, labels: contextlib.nullcontext())
         self.pp, self.pp_step_tokens = pp, pp_step_tokens
-        self.global_batch = validation_global_batch(cfg, dims)  # checked at build time, not at the first use
-        self.batches: list | None = None
+        self.global_batch = validation_global_batch(cfg, dims)
+        # Read now, before training: a missing or too short split fails at the start, not at step `freq`.
+        dp_rank = dims.mesh("dp").get_local_rank()
+        self.batches = load_validation_batches(cfg, tokenizer, dims, dp_rank)
 
     def due(self, step: int) -> bool:
         v = self.cfg.validation
@@ -141,9 +144,6 @@ class Evaluator:
     @torch.no_grad()
     def run(self) -> ValidationResult:
         start = time.perf_counter()
-        if self.batches is None:
-            dp_rank = self.dims.mesh("dp").get_local_rank()
-            self.batches = load_validation_batches(self.cfg, self.tokenizer, self.dims, dp_rank)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for part in self.model_parts:
             part.eval()

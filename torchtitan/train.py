@@ -120,7 +120,7 @@ def train(cfg: JobConfig) -> int:
         )
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
     # Where the wall clock goes, from this process's start; continued across restarts through the checkpoint
-    progress = os.path.join(dump, cfg.checkpoint.folder, PROGRESS_FILE) if cfg.checkpoint.enable else None
+    progress = os.path.join(dump, PROGRESS_FILE) if cfg.checkpoint.enable else None
     goodput = GoodputTracker(progress, rank)
     preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
     dims.build_mesh(device.type)

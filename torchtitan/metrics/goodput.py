@@ -11,7 +11,7 @@ Within one process the parts are exhaustive by construction: time is either insi
 then belongs to the step in progress, whose time `step_done` splits into data wait and the step's category
 (warmup for the first step of a process, lost for a step an earlier process had already run, else productive).
 Across restarts the counters continue from the newest record of the earlier processes: the progress file
-(`<checkpoint folder>/goodput.json`, written by rank 0 on log steps, at saves and at the end) or, without it,
+(`<job.dump_folder>/goodput.json`, written by rank 0 on log steps, at saves and at the end) or, without it,
 the checkpoint's train_state; the time from that record to this process's start (the crashed process's
 unrecorded tail, the scheduler's restart delay) is `restart`.
 """
