@@ -139,10 +139,15 @@ def test_plot_runs_draws_both_runs(straggler_run, oom_run, tmp_path):
 
 
 def test_memory_snapshot_and_profiler_conflict_on_cpu(tmp_path):
-    args = [*FAST, f"--job.dump_folder={tmp_path}", "--profiling.memory_snapshot_steps=1"]
-    r = run_train(1, [*args, "--profiling.enable_profiling=true"])
-    assert r.returncode == 2 and r.stderr.strip() == (
-        "error: profiling.memory_snapshot_steps on CPU records the step with torch.profiler, which cannot run"
+    from torchtitan.config import parse_args
+    from torchtitan.errors import UserError
+    from torchtitan.profiling import Profiler
+
+    cfg = parse_args(["--profiling.memory_snapshot_steps=1", "--profiling.enable_profiling=true"])
+    with pytest.raises(UserError) as e:
+        Profiler(cfg, 0, str(tmp_path))
+    assert str(e.value) == (
+        "profiling.memory_snapshot_steps on CPU records the step with torch.profiler, which cannot run"
         " next to profiling.enable_profiling=true; turn one of them off"
     )
 
