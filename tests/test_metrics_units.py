@@ -301,3 +301,54 @@ def test_format_line_skips_missing_and_survives_odd_values():
     # a value the spec cannot format (float with "d") is shown anyway, padded to the spec's width
     line = format_line(3, {"memory/ooms": 1.5}, FIELDS)
     assert line.endswith("ooms 1.5")
+
+
+def test_jsonl_writes_of_one_step_share_one_line(tmp_path):
+    """Training metrics, then validation, at the same step: one JSON object (crash-safe: rewritten in place)."""
+    path = tmp_path / "m.jsonl"
+    with JsonlSink(path) as sink:
+        sink.write(1, {"loss": 3.0})
+        sink.write(2, {"loss": 2.0})
+        sink.write(2, {"validation/loss": 2.5})
+        assert [json.loads(x) for x in path.read_text().splitlines()][-1] == {
+            "step": 2,
+            "loss": 2.0,
+            "validation/loss": 2.5,
+        }
+        sink.write(3, {"loss": 1.0})
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records == [
+        {"step": 1, "loss": 3.0},
+        {"step": 2, "loss": 2.0, "validation/loss": 2.5},
+        {"step": 3, "loss": 1.0},
+    ]
+
+
+# ---------------------------------------------------------------- stragglers
+
+
+def test_straggler_by_step_time():
+    from torchtitan.metrics.processor import straggler_metrics, straggler_warning
+
+    m = straggler_metrics([1.0, 1.02, 1.5, 0.98], [0.01, 0.01, 0.02, 0.01])
+    assert m["stragglers/slowest_rank"] == 2 and m["stragglers/factor"] == pytest.approx(1.5 / 1.01)
+    assert m["stragglers/median_step_s"] == pytest.approx(1.01) and m["stragglers/fastest_step_s"] == 0.98
+    assert m["stragglers/slowest_step_s"] == 1.5 and m["stragglers/slowest_data_s"] == 0.02
+    line = straggler_warning(m, 1.2, 11, 20)
+    assert line.startswith(
+        "straggler: rank 2 is 1.49x the median (metrics.straggler_factor 1.2) over steps 11-20:"
+    )
+    assert line.endswith("step 1.500 s vs median 1.010 s, data wait 0.020 s vs median 0.010 s")
+    assert straggler_warning(m, 1.6, 11, 20) is None
+
+
+def test_straggler_in_lock_step_shows_in_its_data_wait():
+    """Synchronous training: everybody waits for rank 3, so the step times agree; its data wait names it."""
+    from torchtitan.metrics.processor import straggler_metrics, straggler_warning
+
+    m = straggler_metrics([0.8, 0.8, 0.8, 0.81], [0.0, 0.01, 0.0, 0.5])
+    assert m["stragglers/slowest_rank"] == 3
+    assert m["stragglers/factor"] == pytest.approx(1 + (0.5 - 0.005) / 0.8)
+    assert straggler_warning(m, 1.2, 1, 10).startswith("straggler: rank 3 is 1.62x the median")
+    even = straggler_metrics([0.5, 0.5], [0.0, 0.0])
+    assert even["stragglers/factor"] == 1.0 and straggler_warning(even, 1.2, 1, 1) is None

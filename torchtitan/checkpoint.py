@@ -396,13 +396,25 @@ class CheckpointManager:
     """Saves and loads everything a run needs to continue as if it had never stopped."""
 
     def __init__(
-        self, cfg, model_parts, optimizer, scheduler, dataloader, *, rank: int, dp_rank: int, dp: int
+        self,
+        cfg,
+        model_parts,
+        optimizer,
+        scheduler,
+        dataloader,
+        *,
+        rank: int,
+        dp_rank: int,
+        dp: int,
+        extra_state: dict | None = None,
     ):
         self.cfg, self.c = cfg, cfg.checkpoint
         self.folder = os.path.join(cfg.job.dump_folder, self.c.folder)
         self.model = _model_view(model_parts)
         self.optimizer, self.scheduler, self.dataloader = optimizer, scheduler, dataloader
         self.rank, self.dp_rank, self.dp = rank, dp_rank, dp
+        # {key: object with state_dict()/load_state_dict()} kept in each rank's train_state JSON (e.g. goodput)
+        self.extra_state = extra_state or {}
         self.world_size = dist.get_world_size()
         # All ranks write into the same temporary folder, so they need the same id: rank 0 draws it.
         ids = [uuid.uuid4().hex[:8]]
@@ -448,6 +460,7 @@ class CheckpointManager:
                 "cpu": _b64(torch.get_rng_state()),
                 "cuda": _b64(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None,
             },
+            **{key: obj.state_dict() for key, obj in self.extra_state.items()},
         }
 
     # ---- save --------------------------------------------------------------------------------------------------
@@ -686,6 +699,9 @@ class CheckpointManager:
             )
             return 0, 0
         ts = self._read_train_state(path)
+        for key, obj in self.extra_state.items():
+            if ts.get(key) is not None:
+                obj.load_state_dict(ts[key])
         groups = get_optimizer_state_dict(self.model, self.optimizer)["param_groups"]
         for g, saved in zip(groups, ts["param_groups"]):
             g.update({k: tuple(v) if isinstance(g.get(k), tuple) else v for k, v in saved.items()})

@@ -61,6 +61,10 @@ def check_mesh(cfg, world_size: int) -> str:
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims.validate(model_args, cfg)  # heads, vocab, seq_len, batch
+    if cfg.validation.enable:  # each dp rank's share of a validation batch: whole micro-batches
+        from torchtitan.evaluate import validation_global_batch
+
+        validation_global_batch(cfg, dims)
     if dims.pp_enabled:  # stages, schedule, micro-batches: the same checks the trainer runs
         plan_pipeline(
             cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings

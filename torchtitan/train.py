@@ -33,9 +33,11 @@ from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validat
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
 from torchtitan.disk import check_output_paths
 from torchtitan.errors import UserError
+from torchtitan.evaluate import Evaluator
 from torchtitan.host_sync import StepChecks, forbid_syncs, to_host
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, resolve_peak
+from torchtitan.metrics.goodput import PROGRESS_FILE, GoodputTracker
 from torchtitan.models import get_model_class, model_args_from_config
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_, init_optimizer_state
 from torchtitan.parallel import (
@@ -53,10 +55,18 @@ from torchtitan.parallel import (
 from torchtitan.parallel.compile import maybe_compile_loss
 from torchtitan.parallel.context import build_cp_context
 from torchtitan.parallel.distributed import check_node_count, launch_world
-from torchtitan.profiling import Profiler
+from torchtitan.profiling import EXIT_OOM, Profiler, oom_message, write_oom_snapshot
 from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
 from torchtitan.runtime_env import set_env_defaults
-from torchtitan.watchdog import Watchdog, comm_failure_message, die, hook_stall, is_comm_failure
+from torchtitan.watchdog import (
+    Watchdog,
+    comm_failure_message,
+    die,
+    hook_slow_data,
+    hook_stall,
+    is_comm_failure,
+    last_completed_step,
+)
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, global_tokens: int) -> torch.Tensor:
@@ -121,6 +131,9 @@ def train(cfg: JobConfig) -> int:
     rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
     if rank == 0 and (low_space := space_warning(cfg, model_args.num_params())):
         logger.warning(low_space)
+    # Where the wall clock goes, from this process's start; continued across restarts through the checkpoint
+    progress = os.path.join(dump, PROGRESS_FILE) if cfg.checkpoint.enable else None
+    goodput = GoodputTracker(progress, rank)
     preempt = PreemptionFlag()  # from here on SIGTERM/SIGUSR1 mean "save at the end of the step, exit 75"
     dims.build_mesh(device.type)
     dp_rank = dims.mesh("dp").get_local_rank()
@@ -192,10 +205,23 @@ def train(cfg: JobConfig) -> int:
     cp_context = build_cp_context(
         dims, cfg.parallelism.context_parallel_rotate_method, model_parts, t.seq_len
     )
+    validator = None
+    if cfg.validation.enable:  # held-out loss on fixed batches (forward only, any layout): evaluate.py
+        validator = Evaluator(
+            cfg, dims, device, tokenizer, model_parts, loss_fn, loss_context, cp_context, pp, global_tokens
+        )
 
     # ---- initialize or load (before the metrics, which continue the curves at the resumed step) ----------------
     ckpt = CheckpointManager(
-        cfg, model_parts, optimizer, scheduler, dataloader, rank=rank, dp_rank=dp_rank, dp=dims.dp
+        cfg,
+        model_parts,
+        optimizer,
+        scheduler,
+        dataloader,
+        rank=rank,
+        dp_rank=dp_rank,
+        dp=dims.dp,
+        extra_state={"goodput": goodput},
     )
     # A run that resumes, or starts from initial_load_path, draws no random weights: the load overwrites them all.
     load_from = None if cfg.checkpoint.create_seed_checkpoint else ckpt.path_to_load()
@@ -211,7 +237,8 @@ def train(cfg: JobConfig) -> int:
     optim_start = time.perf_counter()
     init_optimizer_state(optimizer)  # here, not hidden inside the first step
     optim_s = time.perf_counter() - optim_start
-    start_step, tokens_seen = ckpt.load()
+    with goodput.phase("checkpoint_load"):
+        start_step, tokens_seen = ckpt.load()
     if load_from is not None and ckpt.loaded_path is None:
         raise RuntimeError(f"checkpoint {load_from} was picked but not loaded: the weights are uninitialized")
 
@@ -229,6 +256,7 @@ def train(cfg: JobConfig) -> int:
         tokens_per_step_per_dp_rank=local_tokens,
         dump_folder=dump,
         start_step=start_step,
+        goodput=goodput,
     )
     header = [
         f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
@@ -265,7 +293,7 @@ def train(cfg: JobConfig) -> int:
 
     # ---- train -------------------------------------------------------------------------------------------------
     profiler = Profiler(cfg, rank, dump, start_step)
-    data_iter = iter(dataloader)
+    data_iter = hook_slow_data(iter(dataloader), rank)
     for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
@@ -330,13 +358,17 @@ def train(cfg: JobConfig) -> int:
         fault_hook("step_end", step, rank, before=ckpt.wait)
         if ckpt.should_save(step, t.steps) or (signum and cfg.checkpoint.enable):
             last = step == t.steps and cfg.checkpoint.last_save_model_only
-            ckpt.save(step, tokens_seen, kind="export" if last else "full")
+            with goodput.phase("checkpoint_save"):
+                ckpt.save(step, tokens_seen, kind="export" if last else "full")
         ckpt.poll()
+        if validator is not None and validator.due(step):
+            with goodput.phase("validation"):
+                metrics.record_validation(step, validator.run())
         if signum:
             watchdog.stop()
             profiler.stop()
             ckpt.close()
-            metrics.close()
+            metrics.close(step)
             if not cfg.checkpoint.enable:
                 logger.warning(
                     f"signal {signum} received at step {step}; checkpoint.enable=false: nothing saved"
@@ -359,7 +391,7 @@ def train(cfg: JobConfig) -> int:
     watchdog.stop()
     profiler.stop()
     ckpt.close()  # an async save still in flight is waited for and committed
-    metrics.close()
+    metrics.close(t.steps, finished=True)
     logger.info("training finished after %d steps", t.steps)
     return 0
 
@@ -385,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except torch.cuda.OutOfMemoryError as e:  # one line with the snapshot's path, exit EXIT_OOM
+        rank, step = int(os.environ.get("RANK", 0)), (last_completed_step() or 0) + 1
+        folder = os.path.join(cfg.job.dump_folder, cfg.profiling.memory_snapshot_folder)
+        die(oom_message(e, rank, step, write_oom_snapshot(folder, rank, step)), code=EXIT_OOM)
     except RuntimeError as e:
         if is_comm_failure(e):  # a peer died or hung: one line naming this rank and the step, exit 3
             die(comm_failure_message(e), exc=e)

@@ -49,6 +49,11 @@ def is_comm_failure(e: BaseException) -> bool:
 _last_step: int | None = None
 
 
+def last_completed_step() -> int | None:
+    """The last training step this rank completed (None before training starts): for failure messages."""
+    return _last_step
+
+
 def comm_failure_message(e: BaseException) -> str:
     """One line for a failed collective: this rank, the step it was in, the last completed step, the error."""
     rank = os.environ.get("RANK", "0")
@@ -185,3 +190,19 @@ def hook_stall(step: int, rank: int) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:  # short sleeps: a signal handler (preemption) can run in between
             time.sleep(min(1.0, end - time.monotonic()))
+
+
+def hook_slow_data(batches, rank: int):
+    """TORCHTITAN_TEST_SLOW_DATA_SECONDS=S: every batch this rank (TORCHTITAN_TEST_RANK only, if set) fetches
+    takes S seconds longer: a straggler, for the straggler report's test. Returns `batches` itself otherwise."""
+    seconds = float(os.environ.get("TORCHTITAN_TEST_SLOW_DATA_SECONDS") or 0)
+    if seconds <= 0 or not _hook_applies(rank):
+        return batches
+    logger.warning("test hook: rank %d fetches every batch %.2f s slower", rank, seconds)
+
+    def slow():
+        for batch in batches:
+            time.sleep(seconds)
+            yield batch
+
+    return slow()

@@ -288,6 +288,18 @@ class Metrics:
     causal_flops: bool = opt(
         False, "count attention FLOPs halved for the causal mask (default: full, as Megatron/torchtitan)"
     )
+    straggler_factor: float = opt(
+        1.2,
+        "warn when the slowest rank's step time (or its data wait) exceeds the median step time this many times",
+    )
+    enable_wandb: bool = opt(
+        False, "also log to Weights & Biases (pip install wandb; WANDB_MODE=offline works without network)"
+    )
+    wandb_project: str = opt("torchtitan", "W&B project name")
+    wandb_every_rank: bool = opt(
+        False,
+        "W&B: one run per rank (grouped) instead of rank 0 only; each shows its own step time and memory",
+    )
 
 
 @dataclass
@@ -295,6 +307,39 @@ class Profiling:
     enable_profiling: bool = opt(False, "record torch.profiler traces")
     save_traces_folder: str = opt("profile_traces", "trace folder, relative to job.dump_folder")
     profile_freq: int = opt(10, "record one step every N steps")
+    memory_snapshot_steps: list[int] = opt(
+        [],
+        "steps whose memory is recorded per rank: CUDA allocator history + snapshot (pytorch.org/memory_viz),"
+        " on CPU the profiler's memory timeline",
+    )
+    memory_snapshot_folder: str = opt(
+        "memory_snapshots",
+        "memory snapshot folder (also for out-of-memory dumps), relative to job.dump_folder",
+    )
+    record_memory_history: bool = opt(
+        False,
+        "CUDA: record allocator history for the whole run, so an out-of-memory snapshot has stack traces"
+        " (costs host time per allocation)",
+    )
+
+
+@dataclass
+class Validation:
+    enable: bool = opt(False, "compute the loss on held-out data every `freq` steps and at the last step")
+    freq: int = opt(500, "validate every N steps (and at the last step)")
+    steps: int = opt(
+        10, "number of validation batches: the same global batches every time and in every parallel layout"
+    )
+    global_batch_size: int = opt(
+        -1,
+        "sequences per validation batch over all dp ranks (a multiple of local_batch_size x dp); -1 = the"
+        " training global batch; fix it to compare layouts whose training global batch differs",
+    )
+    dataset: str | None = opt(None, "built-in source of the held-out data; None = data.dataset")
+    dataset_path: str | None = opt(
+        None, "local held-out files (needed when data.dataset_path is set: training files are not held out)"
+    )
+    split: str = opt("validation", "split of the built-in source (debug_corpus: validation; c4: validation)")
 
 
 @dataclass
@@ -382,5 +427,6 @@ class JobConfig:
     compile: Compile = field(default_factory=Compile)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
+    validation: Validation = field(default_factory=Validation)
     comm: Comm = field(default_factory=Comm)
     estimate: Estimate = field(default_factory=Estimate)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import sys
 import types
 import typing
@@ -286,6 +287,31 @@ def validate(cfg: JobConfig) -> None:
     )
     need(
         cfg.profiling.profile_freq >= 1, "profiling.profile_freq", cfg.profiling.profile_freq, "must be >= 1"
+    )
+    need(
+        not m.enable_wandb or importlib.util.find_spec("wandb") is not None,
+        "metrics.enable_wandb",
+        m.enable_wandb,
+        "the wandb package is not installed (pip install wandb; it is in the dev extras)",
+    )
+    need(m.straggler_factor > 1, "metrics.straggler_factor", m.straggler_factor, "must be > 1")
+    snaps = cfg.profiling.memory_snapshot_steps
+    need(all(s >= 1 for s in snaps), "profiling.memory_snapshot_steps", snaps, "steps must be >= 1")
+    v = cfg.validation
+    need(v.freq >= 1, "validation.freq", v.freq, "must be >= 1")
+    need(v.steps >= 1, "validation.steps", v.steps, "must be >= 1")
+    need(
+        v.global_batch_size == -1 or v.global_batch_size >= 1,
+        "validation.global_batch_size",
+        v.global_batch_size,
+        "must be >= 1, or -1 for the training global batch",
+    )
+    need(
+        not (v.enable and cfg.data.dataset_path and not v.dataset_path),
+        "validation.dataset_path",
+        v.dataset_path,
+        f"data.dataset_path={cfg.data.dataset_path!r} trains on your files, so validation needs held-out files"
+        " of its own (set validation.dataset_path) or validation.enable=false",
     )
     need(cfg.checkpoint.interval >= 1, "checkpoint.interval", cfg.checkpoint.interval, "must be >= 1")
     c = cfg.checkpoint

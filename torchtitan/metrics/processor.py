@@ -3,12 +3,14 @@
 The trainer calls `record_step` after every optimizer step (cheap: adds to counters, no device sync) and the
 processor, on log steps only, synchronizes the device, reduces across ranks, derives the metrics and hands one
 dict to every sink. Throughput is measured over the interval since the previous log step, so the steady state
-is what gets reported and no step pays for a sync it does not need.
+is what gets reported and no step pays for a sync it does not need. Validation results (`record_validation`)
+and the goodput counters (metrics/goodput.py) become metrics here too; each has its own short console line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 
@@ -16,10 +18,12 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.host_sync import to_host
+from torchtitan.log import logger
 
+from .goodput import PARTS, GoodputTracker
 from .hardware import PeakFlops
 from .memory import MemoryMonitor
-from .sinks import JsonlSink, TensorBoardSink, format_line
+from .sinks import JsonlSink, TensorBoardSink, WandbSink, format_line
 
 # (metric key, short label, format) for the one aligned console line per log step.
 CONSOLE_FIELDS = [
@@ -76,6 +80,70 @@ def throughput_metrics(
     return m
 
 
+def straggler_metrics(step_s: list[float], data_s: list[float]) -> dict[str, float]:
+    """The slowest rank and its step and data time next to the median (lists indexed by global rank).
+
+    In synchronous training every rank waits in the collectives for the slowest one, so their step times end up
+    nearly equal and the straggler shows in the time it spends before a collective, chiefly its data wait. A
+    rank's factor is therefore the larger of  step_s / median step_s  and  1 + (data_s - median data_s) /
+    median step_s  (how much its extra data wait stretches everybody's step); the slowest rank has the largest.
+    """
+    med_step, med_data = statistics.median(step_s), statistics.median(data_s)
+
+    def factor(r: int) -> float:
+        if med_step <= 0:
+            return 1.0
+        return max(step_s[r] / med_step, 1.0 + (data_s[r] - med_data) / med_step)
+
+    slow = max(range(len(step_s)), key=factor)
+    return {
+        "stragglers/slowest_rank": float(slow),
+        "stragglers/factor": factor(slow),
+        "stragglers/slowest_step_s": step_s[slow],
+        "stragglers/median_step_s": med_step,
+        "stragglers/fastest_step_s": min(step_s),
+        "stragglers/slowest_data_s": data_s[slow],
+        "stragglers/median_data_s": med_data,
+    }
+
+
+def straggler_warning(m: dict[str, float], threshold: float, first_step: int, last_step: int) -> str | None:
+    """The warning line when the slowest rank's factor exceeds metrics.straggler_factor, else None."""
+    if m["stragglers/factor"] <= threshold:
+        return None
+    return (
+        f"straggler: rank {int(m['stragglers/slowest_rank'])} is {m['stragglers/factor']:.2f}x the median"
+        f" (metrics.straggler_factor {threshold:g}) over steps {first_step}-{last_step}:"
+        f" step {m['stragglers/slowest_step_s']:.3f} s vs median {m['stragglers/median_step_s']:.3f} s,"
+        f" data wait {m['stragglers/slowest_data_s']:.3f} s vs median {m['stragglers/median_data_s']:.3f} s"
+    )
+
+
+def goodput_metrics(snapshot: dict) -> dict[str, float]:
+    """goodput/percent = 100 * productive / wall, and every part in seconds (docs/metrics.md, "Goodput")."""
+    wall = snapshot["wall_s"]
+    m = {"goodput/percent": 100.0 * snapshot["parts"]["productive"] / wall if wall > 0 else 0.0}
+    m["goodput/wall_s"] = wall
+    m.update({f"goodput/{part}_s": snapshot["parts"][part] for part in PARTS})
+    m["goodput/lost_steps"] = float(snapshot["lost_steps"])
+    m["goodput/restarts"] = float(snapshot["restarts"])
+    return m
+
+
+def goodput_line(step: int, m: dict[str, float]) -> str:
+    parts = "  ".join(f"{p} {m[f'goodput/{p}_s']:.1f}" for p in PARTS if m[f"goodput/{p}_s"] >= 0.05)
+    return f"goodput    {step:>6d}  {m['goodput/percent']:5.1f}% of {m['goodput/wall_s']:.1f} s  ({parts} s)"
+
+
+def validation_metrics(loss_sum: float, tokens: int) -> dict[str, float]:
+    """validation/loss = token cross-entropy summed over the validation set / its tokens; perplexity = e^loss."""
+    loss = loss_sum / tokens
+    return {
+        "validation/loss": loss,
+        "validation/perplexity": math.exp(loss) if loss < 700 else float("inf"),
+    }
+
+
 def _agree_on_peak(peak: PeakFlops) -> PeakFlops:
     """A measured peak differs a little per rank; use the highest everywhere so MFU is never flattered."""
     if not peak.source.startswith("measured") or dist.get_world_size() == 1:
@@ -101,6 +169,7 @@ class MetricsProcessor:
         dump_folder: str,
         start_step: int = 0,
         float8_flops_per_token: float = 0.0,
+        goodput: GoodputTracker | None = None,
     ):
         self.cfg, self.dims, self.device, self.rank = cfg, dims, device, rank
         self.flops_per_token = flops_per_token
@@ -109,7 +178,12 @@ class MetricsProcessor:
         self.tokens_per_step = tokens_per_step_per_dp_rank
         self.total_steps = cfg.training.steps
         self.memory = MemoryMonitor(device)
-        self.sinks = []
+        self.goodput = goodput or GoodputTracker(None, rank)
+        self.goodput.start_training(start_step)  # initialization ends here
+        self._goodput_logged_at = -1
+        self.sinks = []  # what this rank writes to: TensorBoard and JSONL on rank 0, W&B on rank 0 or every rank
+        if cfg.metrics.enable_wandb:
+            self.sinks.extend(self._wandb(cfg, rank, dump_folder, start_step))
         if rank == 0 and cfg.metrics.enable_tensorboard:
             # purge_step makes TensorBoard drop what an earlier run (or the pre-crash part of this one) logged at
             # steps >= the first step we are about to write, so resumed curves never zig-zag.
@@ -118,11 +192,31 @@ class MetricsProcessor:
             self.sinks.append(JsonlSink(f"{dump_folder}/metrics.jsonl", purge_step=start_step + 1))
         self._reset_interval(start_step)
 
+    @staticmethod
+    def _wandb(cfg, rank: int, dump_folder: str, start_step: int) -> list[WandbSink]:
+        every = cfg.metrics.wandb_every_rank
+        ids = [WandbSink.run_id(dump_folder, start_step > 0) if rank == 0 else None]
+        if every and dist.get_world_size() > 1:
+            dist.broadcast_object_list(ids, src=0)  # every rank's run is grouped under the job's id
+        if rank != 0 and not every:
+            return []
+        config = dataclasses.asdict(cfg)
+        return [
+            WandbSink(
+                dump_folder, cfg.metrics.wandb_project, ids[0], start_step, config, rank if every else None
+            )
+        ]
+
     def _reset_interval(self, step: int) -> None:
         self.interval_start = time.perf_counter()
+        self.interval_phases = self.goodput.phase_seconds  # validation and checkpoint time is not step time
         self.interval_first_step = step
         self.data_time = 0.0
         self.memory.reset_peak()
+
+    def _emit(self, step: int, m: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.write(step, m)
 
     def should_log(self, step: int) -> bool:
         return step == 1 or step % self.cfg.metrics.log_freq == 0 or step == self.total_steps
@@ -132,17 +226,18 @@ class MetricsProcessor:
     ) -> dict[str, float] | None:
         """Account one finished optimizer step; on log steps compute, emit and return the metrics."""
         self.data_time += data_time_s
+        self.goodput.step_done(step, data_time_s)
         if not self.should_log(step):
             return None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
-        elapsed = now - self.interval_start
+        elapsed = now - self.interval_start - (self.goodput.phase_seconds - self.interval_phases)
         steps = step - self.interval_first_step
         step_time = elapsed / steps
 
         # One all-reduce for the sums, one for the maxima (both over the dp mesh, so each replica counts once
-        # even when tp/pp/cp peers share its batch), one all-gather of every rank's step time (stragglers).
+        # even when tp/pp/cp peers share its batch), one all-gather of every rank's step and data time.
         dp_mesh = self.dims.mesh("dp")
         local_rate = self.tokens_per_step * steps / elapsed
         loss_value = loss.detach().float()
@@ -158,8 +253,9 @@ class MetricsProcessor:
         maxes = torch.tensor([loss_value], dtype=torch.float64)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=dp_mesh.get_group())
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=dp_mesh.get_group())
-        step_times = [None] * dist.get_world_size()
-        dist.all_gather_object(step_times, step_time)
+        mine = torch.tensor([step_time, self.data_time / steps], dtype=torch.float64)
+        per_rank = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(per_rank, mine)
 
         m: dict[str, float] = {
             "loss/global_avg": sums[0].item() / self.dims.dp,
@@ -181,9 +277,6 @@ class MetricsProcessor:
         m.update(
             {
                 "time/step_s": step_time,
-                "time/step_s_min_rank": min(step_times),
-                "time/step_s_median_rank": statistics.median(step_times),
-                "time/step_s_max_rank": max(step_times),
                 "time/data_s": self.data_time / steps,
                 "time/data_share_pct": 100.0 * self.data_time / elapsed,
                 "progress/tokens_seen": float(step * self.tokens_per_step * self.dims.dp),
@@ -191,12 +284,32 @@ class MetricsProcessor:
             }
         )
         m.update(self.memory.snapshot())
-        if self.rank == 0:
-            for sink in self.sinks:
-                sink.write(step, m)
+        m.update(straggler_metrics([t[0].item() for t in per_rank], [t[1].item() for t in per_rank]))
+        warning = straggler_warning(m, self.cfg.metrics.straggler_factor, self.interval_first_step + 1, step)
+        if warning:
+            logger.warning(warning)
+        m.update(goodput_metrics(self.goodput.snapshot()))
+        self.goodput.save_progress()
+        self._emit(step, m)
         self.last_line = format_line(step, m, CONSOLE_FIELDS)
         self._reset_interval(step)
         return m
+
+    def record_validation(self, step: int, result) -> dict[str, float]:
+        """Emit validation/loss and validation/perplexity for an `evaluate.ValidationResult`; log its line."""
+        m = validation_metrics(result.loss_sum, result.tokens)
+        self._emit(step, m)
+        logger.info(
+            f"validation {step:>6d}  loss {m['validation/loss']:8.4f}  ppl {m['validation/perplexity']:10.3f}"
+            f"  ({result.batches} batches, {result.tokens:,} tokens, {result.seconds:.1f} s)"
+        )
+        self.log_goodput(step)
+        return m
+
+    def log_goodput(self, step: int) -> None:
+        """The goodput line (console and log; after each validation and at the end)."""
+        logger.info(goodput_line(step, goodput_metrics(self.goodput.snapshot())))
+        self._goodput_logged_at = step
 
     def float8_header(self) -> str:
         """Run-header line saying how MFU is reported when float8 linears are on."""
@@ -216,6 +329,10 @@ class MetricsProcessor:
             if hasattr(sink, "write_text"):
                 sink.write_text(tag, text)
 
-    def close(self) -> None:
+    def close(self, step: int, finished: bool = False) -> None:
+        """End of the run (finished, or stopped at `step`): the final goodput line and progress record."""
+        if self._goodput_logged_at != step:  # not just printed by the last step's validation
+            self.log_goodput(step)
+        self.goodput.save_progress(finished=finished)
         for sink in self.sinks:
             sink.close()

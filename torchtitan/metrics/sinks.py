@@ -12,6 +12,8 @@ import json
 import math
 import os
 import re
+import uuid
+import warnings
 from pathlib import Path
 
 from torchtitan.errors import UserError
@@ -50,6 +52,87 @@ class TensorBoardSink:
         self.close()
 
 
+class WandbSink:
+    """Weights & Biases, next to TensorBoard: the same tags at the same steps (wandb is an optional dependency).
+
+    One W&B run per job (per job and rank with metrics.wandb_every_rank, grouped under the job's run id). The id
+    is kept in <dump_folder>/wandb/run_id, so a resumed job continues its run: W&B's rewind (`resume_from`
+    "<id>?_step=<resumed step>") drops what the crashed part logged after the checkpoint, as TensorBoard's
+    purge_step does, and the steps continue without a point twice. WANDB_MODE=offline writes the run under
+    <dump_folder>/wandb/ for a later `wandb sync`.
+    """
+
+    ID_FILE = "wandb/run_id"
+
+    def __init__(
+        self,
+        dump_folder: str | os.PathLike,
+        project: str,
+        run_id: str,
+        resume_step: int | None,
+        config: dict,
+        rank: int | None = None,
+    ):
+        wandb = import_wandb()
+        run_name = Path(os.path.abspath(dump_folder)).name
+        kwargs = dict(
+            project=project,
+            dir=str(dump_folder),
+            config=config,
+            # our own console lines stay ours: W&B does not wrap stdout/stderr
+            settings=wandb.Settings(console="off", quiet=True),
+        )
+        if rank is not None:  # every rank logs: one run per rank, grouped by the job's id
+            kwargs.update(group=run_id, name=f"{run_name}-rank{rank}")
+            run_id = f"{run_id}-rank{rank}"
+        else:
+            kwargs.update(name=run_name)
+        if resume_step:
+            try:
+                self.run = wandb.init(id=run_id, resume_from=f"{run_id}?_step={resume_step}", **kwargs)
+                return
+            except Exception as e:  # rewind needs server support; continue the run without it
+                warnings.warn(
+                    f"W&B could not rewind run {run_id} to step {resume_step} ({e}); resuming it instead:"
+                    " points the crashed run logged after that step may be kept by W&B",
+                    stacklevel=2,
+                )
+        self.run = wandb.init(id=run_id, resume="allow", **kwargs)
+
+    @classmethod
+    def run_id(cls, dump_folder: str | os.PathLike, resuming: bool) -> str:
+        """The job's W&B run id: the saved one when resuming, else a new one (saved). Rank 0 only."""
+        path = Path(dump_folder) / cls.ID_FILE
+        if resuming and path.is_file():
+            saved = path.read_text(encoding="utf-8").strip()
+            if saved:
+                return saved
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = uuid.uuid4().hex[:12]  # W&B run ids: letters and digits
+        path.write_text(new + "\n", encoding="utf-8")
+        return new
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def write_text(self, tag: str, text: str) -> None:
+        self.run.notes = text if tag == "run/header" else f"{self.run.notes or ''}\n{text}"
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def import_wandb():
+    try:
+        import wandb
+    except ImportError:
+        raise UserError(
+            "metrics.enable_wandb=true needs the wandb package: pip install wandb (it is in the dev extras),"
+            " or set metrics.enable_wandb=false"
+        ) from None
+    return wandb
+
+
 def _json_value(value):
     """Numbers as JSON numbers; NaN/inf become null, because NaN/Infinity are not JSON and break strict readers
     (jq, JavaScript, pandas keeps a float column with NaN for null). A diverged run is visible either way."""
@@ -69,14 +152,19 @@ def _line_step(line: str) -> int | None:
 
 
 class JsonlSink:
-    """Appends `{"step": step, **metrics}` as one JSON object per line, flushed as it is written."""
+    """Appends `{"step": step, **metrics}` as one JSON object per line, flushed as it is written.
+
+    Several writes for the same step (training metrics, then validation) end up in ONE line: the step's line is
+    rewritten with the union of the metrics, so readers see one object per step.
+    """
 
     def __init__(self, path: str | os.PathLike, purge_step: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             self._clean(purge_step)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "ab")
+        self._last: tuple[int, int, dict] | None = None  # (step, offset of its line, its record)
 
     def _clean(self, purge_step: int | None) -> None:
         text = self.path.read_text(encoding="utf-8")
@@ -93,9 +181,15 @@ class JsonlSink:
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": int(step)}
+        if self._last is not None and self._last[0] == step:
+            record, offset = self._last[2], self._last[1]
+            self._f.truncate(offset)  # append mode: the merged line is then written at the new end
+        else:
+            offset = self._f.tell()
         record.update({k: _json_value(v) for k, v in metrics.items()})
-        self._f.write(json.dumps(record, allow_nan=False) + "\n")
+        self._f.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
         self._f.flush()
+        self._last = (int(step), offset, record)
 
     def close(self) -> None:
         if not self._f.closed:
