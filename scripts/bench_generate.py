@@ -12,6 +12,11 @@ the same length (no padding, so transformers takes its fastest path) and every r
 Decode tokens/s = batch * (new - 1) / (T(new) - T(1)), where T(n) is the wall time of one generate call for n
 new tokens (prefill + n - 1 decode steps): the same definition for both implementations, prefill excluded.
 Variants run in turn (A B A B ...) and the ratio to transformers is taken run by run, then the median.
+Decode ms/step = 1000 * batch / (decode tokens/s): the latency of one decode step for the whole batch.
+
+The last column is the analytic estimator's predicted decode ms/step for the same shape, batch and cache
+length, next to the measured one. The estimator is its own issue and is not in this build: the column reads
+"n/a" until `estimator_decode_ms` below calls it. No figure is ever made up for it.
 """
 
 import argparse
@@ -52,6 +57,14 @@ def build(shape: str, layers: int | None, dtype: torch.dtype, variants: list[str
             quantize_weights(model, "int8")
         models[v] = (model, make_decode_step(model, compile="compile" in v))
     return args, models
+
+
+def estimator_decode_ms(args, batch: int, cache_len: int, dtype: torch.dtype, variant: str) -> float | None:
+    """The estimator's predicted latency of one decode step (ms), or None while this build has no estimator.
+
+    Wired when the estimator (torchtitan/estimate) lands; until then the benchmark prints n/a in its column.
+    """
+    return None
 
 
 def time_call(variant: str, models: dict, prompts: torch.Tensor, new: int, cache_len: int) -> float:
@@ -104,8 +117,11 @@ def main(argv=None) -> int:
         f" threads {torch.get_num_threads()}, torch {torch.__version__}",
         flush=True,
     )
-    print("| batch | variant | decode tokens/s (median) | runs | ratio to transformers (median of runs) |")
-    print("| ---: | --- | ---: | --- | ---: |")
+    print(
+        "| batch | variant | decode tokens/s (median) | runs | ratio to transformers (median of runs)"
+        " | decode ms/step (median) | estimator predicted ms/step |"
+    )
+    print("| ---: | --- | ---: | --- | ---: | ---: | ---: |")
     for batch in a.batch:
         g = torch.Generator().manual_seed(batch)
         prompts = torch.randint(3, args.vocab_size, (batch, a.prompt_len), generator=g)
@@ -120,9 +136,12 @@ def main(argv=None) -> int:
                 rates[v].append(batch * (a.new - 1) / (tn - t1))
         for v in variants:
             ratios = [r / h for r, h in zip(rates[v], rates["hf"])]
+            rate = statistics.median(rates[v])
+            predicted = estimator_decode_ms(args, batch, cache_len, DTYPES[a.dtype], v)
             print(
-                f"| {batch} | {v} | {statistics.median(rates[v]):.1f} | {', '.join(f'{r:.1f}' for r in rates[v])}"
-                f" | {statistics.median(ratios):.2f} |",
+                f"| {batch} | {v} | {rate:.1f} | {', '.join(f'{r:.1f}' for r in rates[v])}"
+                f" | {statistics.median(ratios):.2f} | {1000 * batch / rate:.2f}"
+                f" | {'n/a' if predicted is None else f'{predicted:.2f}'} |",
                 flush=True,
             )
     return 0
