@@ -3,6 +3,7 @@ transformers generates, sampling options behave, int8 stays close to bf16, the C
 OOM halving, errors), and tensor parallel over 2 processes gives the tokens of 1 process."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -366,3 +367,38 @@ def test_tensor_parallel_two_processes_gives_the_one_process_tokens(checkpoint_r
     one, two = (json.loads(outs[n].read_text()) for n in (1, 2))
     assert len(one) == 3 and one == two
     assert "tensor parallel over 2 processes" in r.stderr + r.stdout
+
+
+def test_bench_generate_script_prints_a_row_per_variant_and_batch():
+    """scripts/bench_generate.py runs end to end (tiny sizes); its figures are measured, never asserted."""
+    r = run_script(
+        1,
+        "scripts/bench_generate.py",
+        [
+            "--shape=debug",
+            "--batch",
+            "1",
+            "2",
+            "--repeat=1",
+            "--new=3",
+            "--prompt_len=4",
+            "--variants",
+            "ours-int8",
+        ],
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [
+        line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    header, rows = rows[0], rows[1:]
+    assert "estimator predicted ms/step" in header[-1]
+    assert [(c[0].strip(), c[1].strip()) for c in rows] == [
+        ("1", "ours-int8"),
+        ("1", "hf"),
+        ("2", "ours-int8"),
+        ("2", "hf"),
+    ]
+    for cells in rows:
+        assert math.isfinite(float(cells[2])) and math.isfinite(float(cells[5]))  # measured: not asserted
+        assert cells[-1].strip() == "n/a"  # no estimator in this build: no number is made up
