@@ -1,6 +1,7 @@
 """Generate the offline test assets: a small English-like story corpus and a 2048-piece sentencepiece model.
 
     python scripts/make_assets.py                 # writes tests/assets/debug_corpus/*.jsonl, tests/assets/tokenizer/debug.model
+                                                  # and tests/assets/prompts/debug_continuations.jsonl
     python scripts/make_assets.py --out /tmp/a    # somewhere else
     python scripts/make_assets.py --check         # regenerate into a temp dir and compare with the shipped files
 
@@ -18,6 +19,7 @@ import filecmp
 import io
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -26,6 +28,7 @@ from pathlib import Path
 SEED = 1234
 NUM_TRAIN_DOCS = 4500
 NUM_VALID_DOCS = 200
+NUM_PROMPTS = 32  # benchmark prompts cut from the first validation stories (scripts/generate.py --benchmark)
 VOCAB_SIZE = 2048
 
 # ---------------------------------------------------------------------------------------------- word lists
@@ -246,6 +249,30 @@ def write_corpus(out: Path) -> list[Path]:
     return paths
 
 
+# A sentence ends at . ! ? (possibly inside a closing quote) before whitespace and a capital or an opening quote.
+_SENTENCE_BREAK = re.compile(r'(?<=[.!?])\s+(?=[A-Z"])')
+
+
+def write_prompts(valid_jsonl: Path, out: Path) -> Path:
+    """Benchmark prompts: each story cut at the sentence break nearest its middle; the first half is the prompt,
+    the rest of the story the reference its continuation is scored against (ROUGE-1)."""
+    d = out / "prompts"
+    d.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for line in valid_jsonl.read_text(encoding="utf-8").splitlines():
+        text = json.loads(line)["text"]
+        breaks = list(_SENTENCE_BREAK.finditer(text))
+        if len(breaks) < 3:
+            continue
+        cut = min(breaks, key=lambda m: abs(m.start() - len(text) / 2))
+        rows.append(json.dumps({"prompt": text[: cut.start()], "reference": text[cut.end() :]}))
+        if len(rows) == NUM_PROMPTS:
+            break
+    p = d / "debug_continuations.jsonl"
+    p.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return p
+
+
 def train_tokenizer(train_jsonl: Path, out: Path) -> Path:
     import sentencepiece as spm
 
@@ -295,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
             ok = True
-            for new in write_corpus(Path(tmp)):
-                old = out / "debug_corpus" / new.name
+            corpus = write_corpus(Path(tmp))
+            for new in [*corpus, write_prompts(corpus[1], Path(tmp))]:
+                old = out / new.parent.name / new.name
                 same = old.exists() and filecmp.cmp(new, old, shallow=False)
                 ok &= same
                 print(f"{'ok' if same else 'DIFFERENT'}: {old}")
@@ -310,8 +338,9 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     train, valid = write_corpus(out)
+    prompts = write_prompts(valid, out)
     model = train_tokenizer(train, out)
-    for path in (train, valid, model):
+    for path in (train, valid, prompts, model):
         print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0

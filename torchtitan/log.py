@@ -9,15 +9,17 @@ import sys
 logger = logging.getLogger("torchtitan")
 
 
-def init_logger(rank: int, log_dir: str | None = None) -> None:
-    """Console for the ranks listed in LOG_RANK (comma-separated, default "0"; "all" = every rank), file for all."""
+def init_logger(rank: int, log_dir: str | None = None, stream=None) -> None:
+    """Console for the ranks listed in LOG_RANK (comma-separated, default "0"; "all" = every rank), file for all.
+
+    The console is stdout unless `stream` says otherwise (generation keeps stdout for the generated text)."""
     logger.handlers.clear()
     logger.setLevel(logging.INFO)
     logger.propagate = False
     fmt = logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     wanted = os.environ.get("LOG_RANK", "0").strip()
     if wanted == "all" or str(rank) in {r.strip() for r in wanted.split(",")}:
-        console = logging.StreamHandler(sys.stdout)
+        console = logging.StreamHandler(stream or sys.stdout)
         console.setFormatter(fmt)
         logger.addHandler(console)
     if log_dir is not None:

@@ -29,6 +29,7 @@ __all__ = [
     "set_collective_timeout",
     "parallelize",
     "local_coords",
+    "fill_shard",
     "materialize",
     "pipeline_parallelize",
     "pipeline_forward_backward",
@@ -116,6 +117,18 @@ def local_coords(param: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]
         index = torch.arange(size, device=param.device_mesh.device_type)
         coords.append(distribute_tensor(index, param.device_mesh, along, src_data_rank=None).to_local())
     return local, coords
+
+
+def fill_shard(param: torch.Tensor, full_value: torch.Tensor) -> None:
+    """Copy this rank's part of a parameter's full (unsharded) value into it (loading full weights, e.g. for
+    generation under tensor parallelism). `distribute_tensor(..., src_data_rank=None)` slices locally with the
+    parameter's own chunking, so no communication happens."""
+    if isinstance(param, DTensor):
+        full_value = full_value.to(device=param.device, dtype=param.dtype)
+        local = distribute_tensor(full_value, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(local.to_local())
+    else:
+        param.copy_(full_value)
 
 
 def _placement_along(placement, dim: int):

@@ -22,6 +22,7 @@ Things the parallel code may rely on:
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,8 @@ def precompute_freqs_cis(args: ModelArgs) -> torch.Tensor:
 
 
 def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, S, H, head_dim] by the angles in freqs_cis [S, hd/2, 2].
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, S, H, head_dim] by the angles in freqs_cis [S, hd/2, 2]
+    (or [B, S, hd/2, 2]: a row per token, when the rows of a batch sit at different positions).
 
     This is Meta's form: view the pairs as complex numbers and multiply by e^(i*angle). (Hugging Face's
     rotate_half form pairs x[i] with x[i + hd/2] instead; checkpoint conversion permutes wq/wk rows.)
@@ -80,10 +82,52 @@ def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     CPU for the debug model's q and k (docs/performance.md), with bitwise the same fp32 result.
     """
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    rotation = torch.view_as_complex(freqs_cis.float())[
-        :, None, :
-    ]  # [S, 1, hd/2]: broadcast over batch and heads
+    # [S, 1, hd/2] (training) or [B, S, 1, hd/2] (generation, per-row positions): broadcast over the heads
+    rotation = torch.view_as_complex(freqs_cis.float()).unsqueeze(-2)
     return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
+
+
+# ------------------------------------------------------------------------------------------------- KV cache
+# Generation only (torchtitan/generate): training never creates a cache and takes none of these branches.
+
+
+class KVCache(nn.Module):
+    """Keys and values of every position so far, [B, kv_heads, max_len, head_dim] each, for generation.
+
+    Allocated at the first update from the keys themselves, so under tensor parallelism it holds the local heads.
+    Buffers (not plain attributes) so torch.compile treats them as fixed-address state of the model.
+    """
+
+    def __init__(self, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("k", None, persistent=False)
+        self.register_buffer("v", None, persistent=False)
+
+    def update(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: int):
+        """Write k, v [B, S, kv_heads, hd] into cache slots `slots` [S]; return the first kv_len slots of both."""
+        if self.k is None:
+            b, _, heads, hd = k.shape
+            self.k = k.new_zeros(b, heads, self.max_len, hd)
+            self.v = v.new_zeros(b, heads, self.max_len, hd)
+        self.k.index_copy_(2, slots, k.transpose(1, 2))
+        self.v.index_copy_(2, slots, v.transpose(1, 2))
+        return self.k[:, :, :kv_len], self.v[:, :, :kv_len]
+
+
+@dataclass
+class CacheStep:
+    """How one forward over a chunk of S tokens per row uses the KV caches (see Transformer.setup_kv_cache).
+
+    positions: [B, S] RoPE position of each token; rows of a left-padded batch start at different positions.
+    slots:     [S] cache slots the chunk's keys and values are written to (the same for every row).
+    mask:      [B, 1, S, kv_len] bool, True where a query may attend to a cache slot; kv_len (its last size) is
+               how many slots attention reads, so unused slots cost nothing, or all of them (fixed shapes).
+    """
+
+    positions: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
 
 
 # ------------------------------------------------------------------------------------------------------- blocks
@@ -116,13 +160,18 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.kv_cache: KVCache | None = None  # set by Transformer.setup_kv_cache for generation
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, freqs_cis: torch.Tensor, cache_step: CacheStep | None = None
+    ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism these are the local heads of this rank
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        if cache_step is not None:
+            return self._forward_cached(q, k, v, freqs_cis, cache_step)
         # The table covers max_seq_len positions; take this sequence's. (Sliced here, not in Transformer.forward,
         # because under sequence parallelism the stream between blocks holds only seqlen/tp positions while
         # attention sees them all.)
@@ -133,6 +182,25 @@ class Attention(nn.Module):
             k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=gqa
+        )
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+    def _forward_cached(self, q, k, v, freqs_cis: torch.Tensor, step: CacheStep) -> torch.Tensor:
+        """Generation: RoPE at each token's own position (freqs_cis [B, S, hd/2, 2]), keys and values appended
+        to the cache, attention over the cached slots under step.mask."""
+        bsz, seqlen = q.shape[:2]
+        q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
+        keys, values = self.kv_cache.update(step.slots, k, v, step.mask.shape[-1])
+        if seqlen == 1:
+            # Decoding, one query per row: the n_rep query heads that share a kv head (h // n_rep, Meta's
+            # order) become n_rep queries of that kv head. Same numbers; torch's CPU attention kernel is 4-12x
+            # faster in bf16 this way than with enable_gqa (docs/performance.md).
+            out = F.scaled_dot_product_attention(
+                q.view(bsz, keys.shape[1], -1, self.head_dim), keys, values, attn_mask=step.mask
+            )
+            return self.wo(out.reshape(bsz, 1, -1))
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=step.mask, enable_gqa=True
         )
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
@@ -161,8 +229,11 @@ class TransformerBlock(nn.Module):
         self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freqs_cis)
+    def forward(
+        self, x: torch.Tensor, freqs_cis: torch.Tensor, cache_step: CacheStep | None = None
+    ) -> torch.Tensor:
+        # cache_step by keyword: tensor parallelism's input hooks lay out the positional inputs only
+        h = x + self.attention(self.attention_norm(x), freqs_cis, cache_step=cache_step)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -201,19 +272,24 @@ class Transformer(nn.Module):
         # Not persistent: derived from args, so it is neither checkpointed nor loaded.
         self.register_buffer("freqs_cis", precompute_freqs_cis(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache_step: CacheStep | None = None) -> torch.Tensor:
         """tokens [B, S] int64 -> logits [B, S, vocab] in the compute dtype (the trainer upcasts for the loss).
 
         A pipeline stage without tok_embeddings takes hidden states [B, S, dim] instead of tokens, and one
         without norm returns hidden states.
+        With `cache_step` (generation, after setup_kv_cache) attention reads and extends the KV caches, and only
+        the last position's logits are computed: [B, 1, vocab], all that sampling needs.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        if h.shape[1] > self.freqs_cis.shape[0]:
-            raise ValueError(
-                f"sequence length {h.shape[1]} exceeds model max_seq_len={self.freqs_cis.shape[0]}"
-            )
+        freqs_cis = self.freqs_cis
+        if cache_step is not None:
+            freqs_cis = freqs_cis[cache_step.positions]  # [B, S, hd/2, 2]: each token's own row
+        elif h.shape[1] > freqs_cis.shape[0]:
+            raise ValueError(f"sequence length {h.shape[1]} exceeds model max_seq_len={freqs_cis.shape[0]}")
         for layer in self.layers.values():
-            h = layer(h, self.freqs_cis)
+            h = layer(h, freqs_cis, cache_step)
+        if cache_step is not None:
+            h = h[:, -1:]
         if self.norm is None:
             return h
         h = self.norm(h)
@@ -224,6 +300,11 @@ class Transformer(nn.Module):
                 raise RuntimeError("tied output projection needs tok_embeddings in the same module (stage)")
             return F.linear(h, self.tok_embeddings.weight)
         return h
+
+    def setup_kv_cache(self, max_len: int | None) -> None:
+        """Give every attention layer an empty KV cache of max_len slots (generation); None removes them."""
+        for layer in self.layers.values():
+            layer.attention.kv_cache = KVCache(max_len) if max_len else None
 
     # ---- initialization ------------------------------------------------------------------------------------
 
