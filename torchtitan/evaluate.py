@@ -184,8 +184,8 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel import (
         ParallelDims,
-        fill_shard,
         init_distributed,
+        materialize,
         parallelize,
         pick_device,
         pipeline_parallelize,
@@ -221,9 +221,8 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
         pp = (schedule, has_first, has_last)
     else:
         model_parts = [parallelize(model, dims, cfg)]
-    for part in model_parts:
-        part.to_empty(device=device)
-        part.init_weights(t.seed, fill=fill_shard)  # buffers (RoPE) and anything the checkpoint lacks
+    for part in model_parts:  # storage and the RoPE table; no random init: the load below sets every weight
+        materialize(part, device)
     c = cfg.checkpoint
     c.enable, c.async_mode, c.initial_load_path, c.initial_load_model_only = (
         False,

@@ -201,7 +201,7 @@ def _load_tensor_parallel(cfg, kind, folder, source, args, device, dtype, world)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    from torchtitan.parallel import ParallelDims, fill_shard, init_distributed
+    from torchtitan.parallel import ParallelDims, fill_shard, init_distributed, materialize
     from torchtitan.parallel.tensor import apply_tp
 
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, world_size=world)
@@ -217,8 +217,7 @@ def _load_tensor_parallel(cfg, kind, folder, source, args, device, dtype, world)
         model = Transformer(args)
     model.to(dtype)
     apply_tp(model, dims.mesh("tp"), sequence_parallel=False, loss_parallel=False)
-    model.to_empty(device=device)
-    model.freqs_cis = precompute_freqs_cis(args).to(device)
+    materialize(model, device)  # storage and the RoPE table
     if kind == "dcp":  # each rank reads its own shards (DCP reshards whatever layout saved them)
         state = {"model": get_model_state_dict(model)}
         try:
