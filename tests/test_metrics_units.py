@@ -250,6 +250,34 @@ def test_jsonl_flushes_each_line(tmp_path):
     sink.close()
 
 
+def test_jsonl_write_failure_drops_the_line_and_training_goes_on(tmp_path, caplog):
+    """A full disk while writing metrics.jsonl: no exception, no partial line, one warning; later lines land."""
+    import errno
+
+    path = tmp_path / "m.jsonl"
+    sink = JsonlSink(path)
+    sink.write(1, {"loss": 1.0})
+    real = sink._f
+
+    class FullDisk:
+        def write(self, data):
+            real.write(data[: len(data) // 2])  # a partial write, then the error
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    sink._f = FullDisk()
+    sink.write(2, {"loss": 2.0})
+    sink.write(3, {"loss": 3.0})
+    sink._f = real
+    sink.write(4, {"loss": 4.0})
+    sink.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 4]
+    assert sum("cannot write" in r.message and "No space left" in r.message for r in caplog.records) == 1
+
+
 def test_jsonl_resume_purges_and_repairs(tmp_path):
     path = tmp_path / "m.jsonl"
     with JsonlSink(path) as sink:

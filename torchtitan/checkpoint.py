@@ -553,7 +553,9 @@ class CheckpointManager:
         )
 
     def failed(self) -> bool:
-        """This rank knows of a failed save (the trainer adds it to its per-step all-reduce of flags)."""
+        """This rank knows of a failed save (the trainer adds it to its check steps' all-reduce of flags); an
+        async save that has finished since the last look is committed or recorded first."""
+        self.poll()
         return self.failure is not None
 
     def report_failure(self) -> None:

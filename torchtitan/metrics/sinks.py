@@ -8,6 +8,8 @@ file sinks take `purge_step` (the first step the resumed run will log) so the st
 run are dropped instead of shown twice.
 """
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -17,6 +19,7 @@ import warnings
 from pathlib import Path
 
 from torchtitan.errors import UserError
+from torchtitan.log import logger
 
 
 class TensorBoardSink:
@@ -163,8 +166,9 @@ class JsonlSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             self._clean(purge_step)
-        self._f = open(self.path, "ab")
+        self._f = open(self.path, "ab", buffering=0)  # unbuffered: a failed write leaves nothing to retry
         self._last: tuple[int, int, dict] | None = None  # (step, offset of its line, its record)
+        self._failed = False  # a write failed (said once)
 
     def _clean(self, purge_step: int | None) -> None:
         text = self.path.read_text(encoding="utf-8")
@@ -185,10 +189,24 @@ class JsonlSink:
             record, offset = self._last[2], self._last[1]
             self._f.truncate(offset)  # append mode: the merged line is then written at the new end
         else:
-            offset = self._f.tell()
+            offset = self._f.seek(0, os.SEEK_END)  # the end (tell() may be past it after a failed write)
         record.update({k: _json_value(v) for k, v in metrics.items()})
-        self._f.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
-        self._f.flush()
+        line = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")
+        try:
+            if self._f.write(line) != len(line):
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as e:
+            # A full disk or an I/O error must not stop training over its metrics file: this line is dropped (the
+            # console and TensorBoard still have it), without a partial line, and said once. A checkpoint that
+            # fails on the same disk is reported by the checkpoint, with its advice.
+            with contextlib.suppress(OSError):
+                self._f.truncate(offset)
+            if not self._failed:
+                logger.warning(
+                    f"metrics: cannot write {self.path} ({e.strerror or e}); its lines are dropped"
+                )
+            self._failed, self._last = True, None
+            return
         self._last = (int(step), offset, record)
 
     def close(self) -> None:
