@@ -50,6 +50,7 @@ from torchtitan.parallel import (
     pipeline_forward_backward,
     pipeline_parallelize,
     plan_pipeline,
+    reduce_partial_grads,
     set_collective_timeout,
 )
 from torchtitan.parallel.compile import maybe_compile_loss
@@ -314,6 +315,9 @@ def train(cfg: JobConfig) -> int:
         # `loss` is this rank's share of the global mean; report the rank's own mean token loss (under context
         # parallel, the rank's part of its dp rank's mean: the metrics add the cp ranks' parts)
         loss = loss * (global_tokens / local_tokens)
+        reduce_partial_grads(
+            model_parts
+        )  # TP without FSDP: the norm gains' gradients are per-rank partial sums
         if step == nan_step:
             loss = loss * float("nan")
         grad_norm = clip_grad_norm_(

@@ -23,6 +23,8 @@ import json
 import os
 import time
 
+from torchtitan.log import logger
+
 PARTS = (
     "init",
     "checkpoint_load",
@@ -78,6 +80,7 @@ class GoodputTracker:
         self._first_step: int | None = None  # None until training starts
         self._step = 0  # the last step this process finished
         self._checkpoint_state: dict | None = None
+        self._progress_warned = False  # the progress file could not be written (said once)
 
     # ---- timing --------------------------------------------------------------------------------------------
 
@@ -168,11 +171,22 @@ class GoodputTracker:
         if self.progress_path is None or self.rank != 0:
             return
         record = {**self.state_dict(), "finished": finished}
-        os.makedirs(os.path.dirname(self.progress_path) or ".", exist_ok=True)
         tmp = f"{self.progress_path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f)
-        os.replace(tmp, self.progress_path)
+        try:
+            os.makedirs(os.path.dirname(self.progress_path) or ".", exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            os.replace(tmp, self.progress_path)
+        except OSError as e:
+            # A bookkeeping file must not stop training (a full disk is the checkpoint's to report, with its
+            # advice); the checkpoint carries the same counters, so a restart still continues them.
+            if not self._progress_warned:
+                logger.warning(
+                    f"goodput: cannot write {self.progress_path} ({e.strerror or e}); going on without it"
+                )
+                self._progress_warned = True
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
     def _read_progress(self) -> dict | None:
         if self.progress_path is None:

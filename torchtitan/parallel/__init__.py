@@ -20,7 +20,7 @@ from .distributed import init_distributed, pick_device, set_collective_timeout
 from .fsdp import apply_fsdp
 from .mixed_precision import DTYPES, apply_autocast
 from .pipeline import build_pipeline, pipeline_forward_backward, plan_pipeline
-from .tensor import apply_tp
+from .tensor import apply_tp, reduce_partial_grads
 
 __all__ = [
     "ParallelDims",
@@ -31,6 +31,7 @@ __all__ = [
     "local_coords",
     "fill_shard",
     "materialize",
+    "reduce_partial_grads",
     "pipeline_parallelize",
     "pipeline_forward_backward",
     "plan_pipeline",

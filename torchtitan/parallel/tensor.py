@@ -21,7 +21,7 @@ cross-entropy from the shards (a max and a sum-exp across ranks) instead of gath
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -73,3 +73,19 @@ def apply_tp(model: torch.nn.Module, tp_mesh, sequence_parallel: bool, loss_para
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)
+
+
+@torch.no_grad()
+def reduce_partial_grads(model_parts: list[torch.nn.Module]) -> None:
+    """Make every gradient hold its full value before it is clipped and applied.
+
+    Under tensor parallelism the replicated parameters used on sequence-sharded activations (the norm gains with
+    sequence parallel) get Partial gradients: each tp rank holds its own tokens' share. FSDP2 all-reduces such a
+    gradient to its parameter's placement when it reduces gradients; without FSDP (one data-parallel rank) this
+    does the same, one all-reduce per such gradient. A no-op when no gradient is Partial.
+    """
+    for part in model_parts:
+        for p in part.parameters():
+            g = p.grad
+            if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+                p.grad = g.redistribute(g.device_mesh, p.placements)
