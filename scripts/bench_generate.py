@@ -14,9 +14,10 @@ new tokens (prefill + n - 1 decode steps): the same definition for both implemen
 Variants run in turn (A B A B ...) and the ratio to transformers is taken run by run, then the median.
 Decode ms/step = 1000 * batch / (decode tokens/s): the latency of one decode step for the whole batch.
 
-The last column is the analytic estimator's predicted decode ms/step for the same shape, batch and cache
-length, next to the measured one. The estimator is its own issue and is not in this build: the column reads
-"n/a" until `estimator_decode_ms` below calls it. No figure is ever made up for it.
+The last column is the analytic estimator's predicted decode ms/step (torchtitan/estimate) for the same shape,
+batch, prompt length, new tokens and weight dtype, next to the measured one. A CPU has no datasheet: give its
+rates with --peak_tflops and --hbm_gbps (`python -m torchtitan.estimate --estimate.hardware=cpu
+--estimate.calibrate=true` measures them), else the column reads "n/a".
 """
 
 import argparse
@@ -59,12 +60,16 @@ def build(shape: str, layers: int | None, dtype: torch.dtype, variants: list[str
     return args, models
 
 
-def estimator_decode_ms(args, batch: int, cache_len: int, dtype: torch.dtype, variant: str) -> float | None:
-    """The estimator's predicted latency of one decode step (ms), or None while this build has no estimator.
+def estimator_decode_ms(args, batch: int, a, weight_dtype: str) -> float | str:
+    """The estimator's predicted latency of one decode step (ms) for this shape and batch on this device, or why
+    there is none (a CPU needs --peak_tflops and --hbm_gbps: no datasheet)."""
+    from torchtitan.config.job_config import Estimate
+    from torchtitan.generate.benchmark import predicted_latency
 
-    Wired when the estimator (torchtitan/estimate) lands; until then the benchmark prints n/a in its column.
-    """
-    return None
+    est = Estimate(peak_tflops=a.peak_tflops, hbm_bandwidth_gbps=a.hbm_gbps)
+    device = torch.device("cpu")
+    p = predicted_latency(est, args, device, 1, batch, a.prompt_len, a.new, weight_dtype)
+    return p.get("decode_ms_per_token", "n/a")
 
 
 def time_call(variant: str, models: dict, prompts: torch.Tensor, new: int, cache_len: int) -> float:
@@ -106,6 +111,12 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=["ours", "hf"])
+    p.add_argument(
+        "--peak_tflops", type=float, default=None, help="this CPU's peak, for the estimator column"
+    )
+    p.add_argument(
+        "--hbm_gbps", type=float, default=None, help="this CPU's memory bandwidth (GB/s), likewise"
+    )
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -137,11 +148,11 @@ def main(argv=None) -> int:
         for v in variants:
             ratios = [r / h for r, h in zip(rates[v], rates["hf"])]
             rate = statistics.median(rates[v])
-            predicted = estimator_decode_ms(args, batch, cache_len, DTYPES[a.dtype], v)
+            predicted = estimator_decode_ms(args, batch, a, "int8" if "int8" in v else a.dtype)
             print(
                 f"| {batch} | {v} | {rate:.1f} | {', '.join(f'{r:.1f}' for r in rates[v])}"
                 f" | {statistics.median(ratios):.2f} | {1000 * batch / rate:.2f}"
-                f" | {'n/a' if predicted is None else f'{predicted:.2f}'} |",
+                f" | {predicted if isinstance(predicted, str) else f'{predicted:.2f}'} |",
                 flush=True,
             )
     return 0

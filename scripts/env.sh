@@ -10,7 +10,7 @@
 
 _tt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _tt_mods="torch, torchao, tensorboard, datasets, sentencepiece, tokenizers, safetensors"
-[ "${1:-}" = "dev" ] && _tt_mods="$_tt_mods, pytest, transformers"
+[ "${1:-}" = "dev" ] && _tt_mods="$_tt_mods, pytest, xdist, transformers"
 _tt_check() { "$1" -c "import sys; import $_tt_mods; import torch; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))" 2>/dev/null; }
 
 if [ -x "$_tt_root/.venv/bin/python" ]; then

@@ -8,8 +8,10 @@
 
 With --prompt, stdout holds the prompt and its continuation and nothing else (logs go to stderr). With
 --prompts (jsonl, {"prompt": ..., "reference": ...} per line), one {"prompt", "completion"} JSON object per
-line; with --benchmark, the benchmark table (and --json OUT the full result). The trainer's --section.key
-options apply too: the model shape and the tokenizer come from the job config. Docs: docs/generate.md.
+line; with --benchmark, the benchmark table (and --json OUT the full result), with the estimator's predicted
+prefill and decode latency next to the measured ones (on a CPU give its rates: --estimate.peak_tflops,
+--estimate.hbm_bandwidth_gbps). The trainer's --section.key options apply too: the model shape and the tokenizer
+come from the job config. Docs: docs/generate.md.
 """
 
 import argparse
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                 a.seed,
                 a.compile,
                 settings,
+                estimate=cfg.estimate,
+                weight_dtype=a.quantize or a.dtype,
             )
             if rank == 0:
                 print(format_table(result))

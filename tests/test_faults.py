@@ -338,8 +338,11 @@ def test_rerun_with_another_flavor_stops_before_building_the_model(straight1, tm
     and DCP's .metadata, before the 1B model is built or the process group's model work starts."""
     ck = tmp_path / "checkpoint"
     shutil.copytree(straight1 / "checkpoint" / "step-3", ck / "step-3")
+    shutil.copy(straight1 / "config.toml", tmp_path / "config.toml")
+    recorded = (tmp_path / "config.toml").read_text()
     r = run_train(1, ARGS + [f"--job.dump_folder={tmp_path}", "--model.flavor=1B", "--model.vocab_size=2048"])
     assert r.returncode == 2
+    assert (tmp_path / "config.toml").read_text() == recorded  # the run that stopped overwrote nothing
     assert error_line(r) == (
         f"error: checkpoint {ck / 'step-3'} belongs to another model: parameter tok_embeddings.weight is"
         " [2048, 256] there and [2048, 2048] in this run's model (llama3 1B, dim 2048, 16 layers, 32 heads,"

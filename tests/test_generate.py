@@ -292,6 +292,8 @@ def test_cli_benchmark_json_has_every_field_and_oom_halves_the_batch(checkpoint_
             "--batch_size=8",
             "--max_new_tokens=6",
             f"--json={out}",
+            "--estimate.peak_tflops=0.2",  # a CPU has no datasheet: the estimator column needs its rates
+            "--estimate.hbm_bandwidth_gbps=10",
         ],
         env=train_env(TORCHTITAN_TEST_OOM_ABOVE="2"),
     )
@@ -311,6 +313,24 @@ def test_cli_benchmark_json_has_every_field_and_oom_halves_the_batch(checkpoint_
     assert res["peak_memory_gib"]["max_rss_gib"] > 0.1
     assert 0 <= res["rouge1_f1"] <= 1 and res["rouge1_documents"] == 8
     assert res["prompt_tokens"]["total"] == sum(c["prompt_tokens"] for c in res["completions"])
+    # the estimator's prediction for the same run (batch reached, mean prompt length, new tokens), on this CPU's
+    # given rates: exactly what the estimator itself says for it
+    e = res["estimator"]
+    assert e["at"] == {
+        "batch": 2,
+        "prompt_len": round(res["prompt_tokens"]["mean"]),
+        "gen_len": 6,
+        "weight_dtype": "bfloat16",
+    }
+    assert "estimator: prefill / decode per token" in r.stdout
+    from torchtitan.config.job_config import Estimate
+    from torchtitan.estimate import generation_latency, resolve_hardware
+    from torchtitan.models.llama3 import get_model_args
+
+    hw = resolve_hardware(Estimate(hardware="cpu", num_devices=1, peak_tflops=0.2, hbm_bandwidth_gbps=10))
+    want = generation_latency(get_model_args("debugmodel"), hw, 2, e["at"]["prompt_len"], 6)
+    assert e["prefill_ms"] == pytest.approx(want.prefill_ms) and e["prefill_ms"] > 0
+    assert e["decode_ms_per_token"] == pytest.approx(want.decode_ms_per_token)
     s = res["settings"]
     assert (
         s["dtype"] == "bfloat16"
@@ -369,6 +389,21 @@ def test_tensor_parallel_two_processes_gives_the_one_process_tokens(checkpoint_r
     assert "tensor parallel over 2 processes" in r.stderr + r.stdout
 
 
+def test_predicted_latency_says_why_when_there_is_none():
+    from torchtitan.config.job_config import Estimate
+    from torchtitan.generate.benchmark import predicted_latency
+    from torchtitan.models.llama3 import get_model_args
+
+    args, cpu = get_model_args("debugmodel"), torch.device("cpu")
+    why = predicted_latency(Estimate(), args, cpu, 1, 1, 8, 4, "bfloat16")["unavailable"]
+    assert "--estimate.peak_tflops" in why and "--estimate.hbm_bandwidth_gbps" in why
+    rates = Estimate(peak_tflops=0.2, hbm_bandwidth_gbps=10)
+    assert "not float32" in predicted_latency(rates, args, cpu, 1, 1, 8, 4, "float32")["unavailable"]
+    int8 = predicted_latency(rates, args, cpu, 1, 1, 8, 4, "int8")
+    bf16 = predicted_latency(rates, args, cpu, 1, 1, 8, 4, "bfloat16")
+    assert int8["decode_ms_per_token"] < bf16["decode_ms_per_token"]  # fewer weight bytes to read per step
+
+
 def test_bench_generate_script_prints_a_row_per_variant_and_batch():
     """scripts/bench_generate.py runs end to end (tiny sizes); its figures are measured, never asserted."""
     r = run_script(
@@ -384,6 +419,8 @@ def test_bench_generate_script_prints_a_row_per_variant_and_batch():
             "--prompt_len=4",
             "--variants",
             "ours-int8",
+            "--peak_tflops=0.2",
+            "--hbm_gbps=10",
         ],
         timeout=300,
     )
@@ -401,4 +438,4 @@ def test_bench_generate_script_prints_a_row_per_variant_and_batch():
     ]
     for cells in rows:
         assert math.isfinite(float(cells[2])) and math.isfinite(float(cells[5]))  # measured: not asserted
-        assert cells[-1].strip() == "n/a"  # no estimator in this build: no number is made up
+        assert float(cells[-1]) > 0  # the estimator's prediction, from the given CPU rates

@@ -40,6 +40,21 @@ def init_model(args: ModelArgs, seed: int = 0, meta: bool = True) -> Transformer
     return model
 
 
+def test_initial_loss_is_near_uniform_with_and_without_tied_embeddings():
+    """At init the model predicts roughly uniformly: loss ~ ln(vocab). A tied embedding is also the output
+    projection, so it takes the output's init (std dim**-0.5); at the untied embedding's std 1.0 the logit of a
+    token for itself would be ~dim (1B: first loss ~1800). Width of 1B (2048), where the blocks' outputs, not the
+    embedding, dominate the residual stream at init, as they do in the real flavors."""
+    for tie in (False, True):
+        args = tiny_args(dim=2048, n_layers=1, n_heads=32, n_kv_heads=8, vocab_size=512, tie_embeddings=tie)
+        model = init_model(args)
+        tokens = torch.randint(0, args.vocab_size, (4, 33), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            logits = model(tokens[:, :-1]).float()
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        assert abs(loss.item() - math.log(args.vocab_size)) < 1.0, (tie, loss.item())
+
+
 def state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

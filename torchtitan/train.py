@@ -142,12 +142,8 @@ def train(cfg: JobConfig) -> int:
     if cfg.training.deterministic:
         torch.use_deterministic_algorithms(True)
 
-    if rank == 0:
-        os.makedirs(dump, exist_ok=True)
-        with open(os.path.join(dump, "config.toml"), "w") as f:
-            f.write(to_toml(cfg))
-        if cfg.job.print_config:
-            logger.info("effective config (also saved to %s/config.toml):\n%s", dump, to_toml(cfg))
+    if rank == 0 and cfg.job.print_config:
+        logger.info("effective config (saved to %s/config.toml once the run starts):\n%s", dump, to_toml(cfg))
 
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
@@ -231,6 +227,9 @@ def train(cfg: JobConfig) -> int:
         for part in model_parts:
             part.init_weights(t.seed, local_coords=local_coords)
     init_s = time.perf_counter() - init_start
+    if rank == 0:  # only now: a run stopped by a check above leaves the previous run's config.toml as it was
+        with open(os.path.join(dump, "config.toml"), "w") as f:
+            f.write(to_toml(cfg))
     if cfg.checkpoint.create_seed_checkpoint:
         ckpt.save(0, 0, kind="seed")
         logger.info("seed checkpoint written; exiting (checkpoint.create_seed_checkpoint)")

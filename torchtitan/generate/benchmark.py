@@ -6,6 +6,7 @@ result is defined in docs/generate.md ("Benchmark fields"); the summary is a tab
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from torchtitan.config.job_config import Estimate
 from torchtitan.data import Tokenizer
 from torchtitan.errors import UserError
 from torchtitan.generate.complete import complete
@@ -81,8 +83,11 @@ def run_benchmark(
     seed: int = 0,
     compile: bool = False,
     settings: dict | None = None,
+    estimate: Estimate | None = None,
+    weight_dtype: str = "bfloat16",
 ) -> dict:
-    """Generate for every prompt and measure; returns the JSON-ready result (fields: docs/generate.md)."""
+    """Generate for every prompt and measure; returns the JSON-ready result (fields: docs/generate.md), with the
+    estimator's prediction for the same run next to it (`estimate`: the [estimate] config section)."""
     memory = MemoryMonitor(loaded.device)  # peak from here: loading the weights is not counted
     t0 = time.perf_counter()
     out = complete(
@@ -113,6 +118,16 @@ def run_benchmark(
         "peak_memory_gib": {
             k.removeprefix("memory/"): v for k, v in mem.items() if k.endswith("_gib") and "max_" in k
         },
+        "estimator": predicted_latency(
+            estimate or Estimate(),
+            loaded.args,
+            loaded.device,
+            loaded.world_size,
+            out.batch_size,
+            round(statistics.mean(out.prompt_tokens)),
+            max_new_tokens,
+            weight_dtype,
+        ),
         "rouge1_f1": statistics.mean(scores) if scores else None,
         "rouge1_documents": len(scores),
         "completions": [
@@ -122,8 +137,57 @@ def run_benchmark(
     }
 
 
+def predicted_latency(
+    estimate: Estimate,
+    model_args,
+    device: torch.device,
+    tp: int,
+    batch: int,
+    prompt_len: int,
+    gen_len: int,
+    weight_dtype: str,
+) -> dict:
+    """The estimator's prefill and per-step decode latency (ms) for this model, batch, prompt length, new tokens,
+    weight dtype and tensor-parallel degree (torchtitan/estimate, docs/estimate.md), or {"unavailable": why}.
+
+    On CUDA the hardware is the GPU found, from the hardware table; a CPU has no datasheet, so its rates come from
+    --estimate.peak_tflops and --estimate.hbm_bandwidth_gbps (measured by `python -m torchtitan.estimate
+    --estimate.hardware=cpu --estimate.calibrate=true`). Other [estimate] overrides apply as in the estimator."""
+    from torchtitan.estimate import generation_latency, resolve_hardware
+
+    if weight_dtype not in ("bfloat16", "int8", "int4"):
+        return {"unavailable": f"the estimator models bfloat16, int8 and int4 weights, not {weight_dtype}"}
+    if device.type == "cpu" and (estimate.peak_tflops is None or estimate.hbm_bandwidth_gbps is None):
+        return {
+            "unavailable": "no datasheet for a CPU: pass --estimate.peak_tflops and --estimate.hbm_bandwidth_gbps"
+            " (python -m torchtitan.estimate --estimate.hardware=cpu --estimate.calibrate=true measures them)"
+        }
+    est = dataclasses.replace(estimate, hardware=device_name(device), num_devices=tp, devices_per_node=None)
+    try:
+        hw = resolve_hardware(est)
+        lat = generation_latency(model_args, hw, batch, prompt_len, gen_len, weight_dtype, tp)
+    except UserError as e:
+        return {"unavailable": str(e)}
+    return {
+        "hardware": lat.hardware,
+        "prefill_ms": lat.prefill_ms,
+        "decode_ms_per_token": lat.decode_ms_per_token,
+        "at": {"batch": batch, "prompt_len": prompt_len, "gen_len": gen_len, "weight_dtype": weight_dtype},
+    }
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{1000 * x:.2f} ms"
+
+
+def _predicted(e: dict) -> str:
+    if "unavailable" in e:
+        return f"n/a: {e['unavailable']}"
+    at = e["at"]
+    return (
+        f"{e['prefill_ms']:.2f} ms / {e['decode_ms_per_token']:.2f} ms ({e['hardware']}, batch {at['batch']},"
+        f" prompt {at['prompt_len']}, {at['gen_len']} new, {at['weight_dtype']})"
+    )
 
 
 def format_table(r: dict) -> str:
@@ -139,6 +203,7 @@ def format_table(r: dict) -> str:
             "decode per token (median / p90)",
             f"{_ms(r['decode_token_s']['median'])} / {_ms(r['decode_token_s']['p90'])}",
         ),
+        ("estimator: prefill / decode per token", _predicted(r["estimator"])),
         ("generated tokens/s", f"{r['generated_tokens_per_s']:.1f}" if r["generated_tokens_per_s"] else "-"),
         ("documents/s", f"{r['documents_per_s']:.3f}"),
         ("total time (incl. tokenisation)", f"{r['total_s']:.2f} s"),

@@ -311,10 +311,12 @@ class Transformer(nn.Module):
     def _init_rule(self, fqn: str) -> tuple[str, float, float]:
         """(distribution, std, cutoff in stds) for a normalized parameter name."""
         args = self.args
+        # Tied (1B, 3B): the one matrix is also the output projection, so it takes the output's init; at std 1.0
+        # the first logits would have std sqrt(dim) (loss ~1800 instead of ~ln(vocab) for 1B).
+        if fqn == "output.weight" or (fqn == "tok_embeddings.weight" and args.tie_embeddings):
+            return "trunc_normal", args.dim**-0.5, 3.0
         if fqn == "tok_embeddings.weight":
             return "normal", 1.0, math.inf
-        if fqn == "output.weight":
-            return "trunc_normal", args.dim**-0.5, 3.0
         if fqn == "norm.weight" or fqn.endswith(("attention_norm.weight", "ffn_norm.weight")):
             return "ones", 0.0, 0.0
         m = _LAYER_WEIGHT.fullmatch(fqn)
@@ -338,7 +340,7 @@ class Transformer(nn.Module):
         reads a DTensor's placements). The name is the parameter's FQN with wrapper infixes removed.
 
         Scheme (std; trunc_normal cuts at +-cutoff*std):
-          tok_embeddings            normal, std 1.0
+          tok_embeddings            normal, std 1.0 (tied to the output: the output's rule below)
           wq, wk, wv, w1            trunc_normal, std 0.02, cutoff 2
           wo, w2, w3 (layer i)      trunc_normal, std 0.02/sqrt(2*(i+1)) if depth_init else 0.02/sqrt(2*n_layers),
                                     cutoff 2
