@@ -315,9 +315,8 @@ def train(cfg: JobConfig) -> int:
         # `loss` is this rank's share of the global mean; report the rank's own mean token loss (under context
         # parallel, the rank's part of its dp rank's mean: the metrics add the cp ranks' parts)
         loss = loss * (global_tokens / local_tokens)
-        reduce_partial_grads(
-            model_parts
-        )  # TP without FSDP: the norm gains' gradients are per-rank partial sums
+        # TP without FSDP: the norm gains' gradients are per-rank partial sums (FSDP2 would reduce them)
+        reduce_partial_grads(model_parts)
         if step == nan_step:
             loss = loss * float("nan")
         grad_norm = clip_grad_norm_(

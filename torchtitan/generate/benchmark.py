@@ -162,7 +162,7 @@ def predicted_latency(
             "unavailable": "no datasheet for a CPU: pass --estimate.peak_tflops and --estimate.hbm_bandwidth_gbps"
             " (python -m torchtitan.estimate --estimate.hardware=cpu --estimate.calibrate=true measures them)"
         }
-    est = dataclasses.replace(estimate, hardware=device_name(device), num_devices=tp, devices_per_node=None)
+    est = dataclasses.replace(estimate, hardware=device_name(device), num_devices=tp)
     try:
         hw = resolve_hardware(est)
         lat = generation_latency(model_args, hw, batch, prompt_len, gen_len, weight_dtype, tp)
