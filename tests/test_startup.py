@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import platform
 import shutil
 
 import pytest
@@ -132,7 +133,13 @@ def test_environment_defaults(tmp_path, monkeypatch):
     ):
         monkeypatch.delenv(name, raising=False)
     cfg = parse_args([f"--job.dump_folder={tmp_path}"])
-    assert set_env_defaults(cfg, "cpu") == {}  # gloo and no determinism: nothing to set
+    for name in ("GLIBC_TUNABLES", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD"):
+        monkeypatch.delenv(name, raising=False)
+    # gloo and no determinism: no variable; on glibc, malloc is told to keep freed memory
+    kept = {"glibc.malloc.mmap_max": "0", "glibc.malloc.trim_threshold": str(2**31 - 1)}
+    assert set_env_defaults(cfg, "cpu") == (kept if platform.libc_ver()[0] == "glibc" else {})
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # the user tuned malloc: left alone
+    assert set_env_defaults(cfg, "cpu") == {}
     cfg = parse_args([f"--job.dump_folder={tmp_path}", "--training.deterministic=true"])
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "77")  # the user's, under the older name
     done = set_env_defaults(cfg, "cuda")

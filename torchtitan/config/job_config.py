@@ -170,7 +170,10 @@ class Optimizer:
     weight_decay: float = opt(
         0.1, "decoupled weight decay (applied to matrices only, not norms or embeddings)"
     )
-    implementation: Literal["foreach", "fused", "for-loop"] = opt("foreach", "AdamW kernel implementation")
+    implementation: Literal["foreach", "fused", "for-loop"] = opt(
+        "fused",
+        "AdamW kernel: fused (one kernel per step, CPU and CUDA), foreach (multi-tensor ops) or for-loop",
+    )
 
 
 @dataclass
