@@ -5,12 +5,16 @@
         --checkpoint outputs/debug_model/checkpoint/step-100
     torchrun --nproc_per_node 2 scripts/perplexity.py --job.config_file ... --checkpoint ... \\
         --parallelism.tensor_parallel_degree=2 --validation.steps=20 --validation.split=validation
+    python scripts/perplexity.py --job.config_file X.toml --checkpoint path/to/hf-llama-folder
 
-The checkpoint is a step folder of a training run (full checkpoint or model-only export; any layout). The data
-are the trainer's validation set: [validation] dataset / dataset_path / split, `steps` batches of
-`global_batch_size` sequences of training.seq_len tokens. On the same layout the result equals, bit for bit, the
-validation/loss the trainer logged at that step; on others it agrees up to the order of floating-point sums.
-Prints one line (rank 0): perplexity, loss, tokens; --json FILE also writes them as JSON. Errors: one line, exit 2.
+--checkpoint is found as scripts/generate.py finds it: a step folder of a training run (full checkpoint or
+model-only export; any layout), a checkpoint folder (its newest committed step), or a Hugging Face Llama folder
+(config.json + safetensors, converted in memory; the shape comes from its config.json, and its vocab_size must
+equal the tokenizer's). The tokenizer and the data come from the job config: the trainer's validation set,
+[validation] dataset / dataset_path / split, `steps` batches of `global_batch_size` sequences of
+training.seq_len tokens. On the same layout the result equals, bit for bit, the validation/loss the trainer
+logged at that step; on others it agrees up to the order of floating-point sums. Prints one line (rank 0):
+perplexity, loss, tokens; --json FILE also writes them as JSON. Errors: one line, exit 2.
 """
 
 import argparse
@@ -33,7 +37,9 @@ def main(argv=None) -> int:
         description=__doc__.split("\n\n")[0], epilog="other --section.key=value: the trainer's"
     )
     p.add_argument(
-        "--checkpoint", required=True, help="checkpoint step folder (DCP; full or model-only export)"
+        "--checkpoint",
+        required=True,
+        help="DCP step folder (full or model-only export), checkpoint folder or Hugging Face Llama folder",
     )
     p.add_argument("--json", default=None, help="also write the result to this JSON file")
     a, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
@@ -48,7 +54,8 @@ def main(argv=None) -> int:
             print(
                 f"perplexity {m['validation/perplexity']:.4f}  loss {m['validation/loss']:.6f}  {result.tokens:,}"
                 f" tokens ({result.batches} batches of {result.tokens // result.batches:,}) of {source};"
-                f" checkpoint {a.checkpoint} (step {step}), {dist.get_world_size()} process(es)"
+                f" checkpoint {a.checkpoint} ({'Hugging Face' if step is None else f'step {step}'}),"
+                f" {dist.get_world_size()} process(es)"
             )
             if a.json:
                 record = {

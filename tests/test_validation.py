@@ -189,7 +189,10 @@ def test_errors_are_one_line(tmp_path):
     missing = tmp_path / "nope"
     cmd = [sys.executable, "scripts/perplexity.py", *COMMON, f"--checkpoint={missing}"]
     r = subprocess.run(cmd, cwd=ROOT, env=train_env(), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip() == f"error: checkpoint folder {missing} does not exist"
+    assert (
+        r.returncode == 2
+        and r.stderr.strip() == f"error: --checkpoint {missing} does not exist or is not a folder"
+    )
 
     train = [sys.executable, "train.py", *COMMON, f"--job.dump_folder={tmp_path}"]
     own = ["--validation.enable=true", f"--data.dataset_path={ROOT}/tests/assets/debug_corpus/train.jsonl"]

@@ -67,8 +67,26 @@ def _hf_to_meta_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------------ config
 
 
-def model_args_from_hf_config(cfg: dict) -> ModelArgs:
-    """ModelArgs for a HF LlamaConfig dict; the FFN width is reproduced exactly whatever rounding made it."""
+_HF_LLAMA_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "vocab_size",
+)
+
+
+def model_args_from_hf_config(cfg: dict, where: str = "config.json") -> ModelArgs:
+    """ModelArgs for a HF LlamaConfig dict (read from `where`, for error messages); the FFN width is reproduced
+    exactly whatever rounding made it. Anything but a Llama config is refused."""
+    if cfg.get("model_type") != "llama":
+        raise UserError(
+            f"{where} has model_type {cfg.get('model_type')!r}: not a Hugging Face Llama checkpoint; valid:"
+            " 'llama' (LlamaForCausalLM)"
+        )
+    missing = [k for k in _HF_LLAMA_KEYS if k not in cfg]
+    if missing:
+        raise UserError(f"{where} lacks {', '.join(missing)}: not a complete Hugging Face Llama config")
     dim, inter = cfg["hidden_size"], cfg["intermediate_size"]
     n_heads = cfg["num_attention_heads"]
     if cfg.get("head_dim", dim // n_heads) != dim // n_heads:
@@ -264,7 +282,7 @@ def hf_to_dcp(
 ) -> ModelArgs:
     """Convert a HF Llama 3 folder into a DCP model checkpoint (one process, no process group needed)."""
     cfg, sd = read_hf_checkpoint(hf_dir)
-    args = model_args_from_hf_config(cfg)
+    args = model_args_from_hf_config(cfg, str(Path(hf_dir) / "config.json"))
     ours = {k: v.to(dtype) if dtype is not None else v for k, v in hf_to_ours(sd, args).items()}
     writer = ChecksumWriter(str(out_dir))
     dcp.save({"model": ours}, storage_writer=writer, no_dist=True)

@@ -170,17 +170,27 @@ class Evaluator:
         )
 
 
-def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, int]:
-    """Validation loss of a checkpoint (a DCP step folder, full or model-only export) on cfg's [validation] data,
-    in cfg's parallel layout; call on every rank. Returns (result, the checkpoint's step).
+def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, int | None]:
+    """Validation loss of a checkpoint on cfg's [validation] data, in cfg's parallel layout; call on every rank.
+    The checkpoint is found as scripts/generate.py finds it (torchtitan/generate/loader.py's find_checkpoint): a
+    DCP step folder (full or model-only export), a checkpoint folder (its newest committed step) or a Hugging
+    Face Llama folder. Returns (result, the checkpoint's step; None for a Hugging Face folder).
 
-    The model is built as the trainer builds it (meta device -> parallelize -> materialize), its weights are
-    loaded through the checkpoint manager (any saved layout reshards into this one), nothing else is created.
+    The model is built as the trainer builds it (meta device -> parallelize -> materialize). Our checkpoints are
+    loaded through the checkpoint manager (any saved layout reshards into this one), with the shape from the
+    [model] section; a Hugging Face folder takes its shape from its config.json and every rank reads the full
+    tensors (converted in memory) and keeps its slice. Nothing else is created.
     """
     import functools
 
     from torchtitan.checkpoint import CheckpointManager, verify_checkpoint
     from torchtitan.data import build_tokenizer, check_vocab
+    from torchtitan.generate.loader import (
+        checkpoint_model_args,
+        find_checkpoint,
+        load_full_weights,
+        read_full_state_dict,
+    )
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel import (
         ParallelDims,
@@ -196,10 +206,16 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
     from torchtitan.train import cross_entropy_loss
 
     t, p = cfg.training, cfg.parallelism
-    step = verify_checkpoint(checkpoint_path)["step"]  # a one-line error for a missing or broken folder
+    kind, folder = find_checkpoint(checkpoint_path)  # a one-line error for a missing or unknown folder
+    if kind == "hf":
+        step = None
+        model_args = checkpoint_model_args(cfg, folder)
+        model_args.max_seq_len = max(model_args.max_seq_len, t.seq_len)  # RoPE is defined at any position
+    else:
+        step = verify_checkpoint(str(folder))["step"]  # a one-line error for a broken folder
+        model_args = model_args_from_config(cfg.model, t.seq_len)
     dims = ParallelDims.from_config(p, launch_world()[0])
     device = pick_device()
-    model_args = model_args_from_config(cfg.model, t.seq_len)
     dims.validate(model_args, cfg, device.type)
     plan = (
         plan_pipeline(p, model_args.n_layers, t.local_batch_size, model_args.tie_embeddings)
@@ -209,6 +225,12 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
     rank, _ = init_distributed(device, cfg.comm.init_timeout_seconds)
     dims.build_mesh(device.type)
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
+    if kind == "hf" and tokenizer.vocab_size != model_args.vocab_size:
+        raise UserError(
+            f"{folder / 'config.json'} has vocab_size {model_args.vocab_size} but tokenizer"
+            f" {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens: set --model.tokenizer_path to the"
+            " tokenizer the checkpoint was trained with"
+        )
     check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
@@ -223,15 +245,20 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
         model_parts = [parallelize(model, dims, cfg)]
     for part in model_parts:  # storage and the RoPE table; no random init: the load below sets every weight
         materialize(part, device)
-    c = cfg.checkpoint
-    c.enable, c.async_mode, c.initial_load_path, c.initial_load_model_only = (
-        False,
-        "disabled",
-        checkpoint_path,
-        True,
-    )
     dp_rank = dims.mesh("dp").get_local_rank()
-    CheckpointManager(cfg, model_parts, None, None, None, rank=rank, dp_rank=dp_rank, dp=dims.dp).load()
+    if kind == "hf":
+        sd = read_full_state_dict(kind, folder, model_args)
+        load_full_weights(model_parts, sd, model_args, str(folder), cfg.model.flavor)
+        del sd  # the full copy: gone before the evaluation runs
+    else:
+        c = cfg.checkpoint
+        c.enable, c.async_mode, c.initial_load_path, c.initial_load_model_only = (
+            False,
+            "disabled",
+            str(folder),
+            True,
+        )
+        CheckpointManager(cfg, model_parts, None, None, None, rank=rank, dp_rank=dp_rank, dp=dims.dp).load()
     evaluator = Evaluator(
         cfg,
         dims,

@@ -28,7 +28,7 @@ from torchtitan.config import JobConfig
 from torchtitan.errors import UserError
 from torchtitan.log import logger
 from torchtitan.models import model_args_from_config
-from torchtitan.models.llama3 import ModelArgs, Transformer
+from torchtitan.models.llama3 import ModelArgs, Transformer, normalize_fqn
 from torchtitan.models.llama3.model import precompute_freqs_cis
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -64,12 +64,14 @@ def find_checkpoint(path: str) -> tuple[str, Path]:
     )
 
 
-def _model_args(cfg: JobConfig, kind: str, folder: Path) -> ModelArgs:
+def checkpoint_model_args(cfg: JobConfig, folder: Path) -> ModelArgs:
+    """The model shape of a checkpoint found by find_checkpoint: its config.json (a Hugging Face folder, or our
+    conversion of one, which keeps it), else the job config's [model] section."""
     hf_config = folder / "config.json"
-    if hf_config.is_file():  # Hugging Face folder, or our conversion of one (which keeps its config.json)
+    if hf_config.is_file():
         import json
 
-        args = model_args_from_hf_config(json.loads(hf_config.read_text()))
+        args = model_args_from_hf_config(json.loads(hf_config.read_text()), str(hf_config))
         if cfg.model.max_seq_len is not None:
             args.max_seq_len = cfg.model.max_seq_len
         return args
@@ -95,7 +97,8 @@ def _check_names_and_shapes(model: torch.nn.Module, sd: dict[str, torch.Tensor],
         )
 
 
-def _full_state_dict(kind: str, folder: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
+def read_full_state_dict(kind: str, folder: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
+    """Every model tensor of the checkpoint, full (unsharded), on CPU, under our names."""
     if kind == "hf":
         _, sd = read_hf_checkpoint(folder)
         return hf_to_ours(sd, args)
@@ -160,7 +163,7 @@ def load_model(
         source = f"{folder} ({marker.get('kind', 'dcp')} checkpoint, step {marker.get('step', 0)})"
     else:
         source = f"{folder} (Hugging Face)"
-    args = _model_args(cfg, kind, folder)
+    args = checkpoint_model_args(cfg, folder)
     world = int(os.environ.get("WORLD_SIZE", 1))
     if world > 1:
         if quantize is not None:
@@ -171,7 +174,7 @@ def load_model(
         return _load_tensor_parallel(cfg, kind, folder, source, args, device, dtype, world)
 
     model = model_from_state_dict(
-        args, _full_state_dict(kind, folder, args), device, dtype, str(folder), cfg.model.flavor
+        args, read_full_state_dict(kind, folder, args), device, dtype, str(folder), cfg.model.flavor
     )
     quantize_weights(model, quantize)
     return LoadedModel(model, args, device, source)
@@ -194,6 +197,22 @@ def model_from_state_dict(
     return model.eval().requires_grad_(False)
 
 
+def load_full_weights(
+    model_parts: list[torch.nn.Module], sd: dict[str, torch.Tensor], args: ModelArgs, source: str, flavor: str
+) -> None:
+    """Copy a full state dict (read_full_state_dict) into an already parallelized, materialized model (its
+    pipeline stages, if any): each rank keeps its slice of every parameter it holds (TP, FSDP), with no
+    communication. Names and shapes are checked against the whole model first (one line if they do not fit)."""
+    from torchtitan.parallel import fill_shard
+
+    with torch.device("meta"):
+        _check_names_and_shapes(Transformer(args), sd, source, flavor)
+    with torch.no_grad():
+        for part in model_parts:
+            for name, param in part.named_parameters():  # wrappers (AC, compile) add infixes to the names
+                fill_shard(param, sd[normalize_fqn(name)])
+
+
 def _load_tensor_parallel(cfg, kind, folder, source, args, device, dtype, world) -> LoadedModel:
     """Megatron-style TP without sequence parallel (the right plan for decoding one token per row):
     torchtitan/parallel/tensor.py's plan with a replicated residual stream and gathered logits."""
@@ -201,7 +220,7 @@ def _load_tensor_parallel(cfg, kind, folder, source, args, device, dtype, world)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    from torchtitan.parallel import ParallelDims, fill_shard, init_distributed, materialize
+    from torchtitan.parallel import ParallelDims, init_distributed, materialize
     from torchtitan.parallel.tensor import apply_tp
 
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, world_size=world)
@@ -229,12 +248,9 @@ def _load_tensor_parallel(cfg, kind, folder, source, args, device, dtype, world)
             ) from None
         set_model_state_dict(model, state["model"])
     else:  # every rank reads the full Hugging Face tensors and keeps its slice
-        sd = _full_state_dict(kind, folder, args)
-        with torch.device("meta"):
-            _check_names_and_shapes(Transformer(args), sd, str(folder), cfg.model.flavor)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                fill_shard(param, sd.pop(name))
+        load_full_weights(
+            [model], read_full_state_dict(kind, folder, args), args, str(folder), cfg.model.flavor
+        )
     model.eval().requires_grad_(False)
     logger.info(f"tensor parallel over {world} processes ({dims.describe()})")
     return LoadedModel(model, args, device, source, rank, world, broadcast=lambda t: dist.broadcast(t, src=0))
