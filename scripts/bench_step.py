@@ -37,9 +37,9 @@ def main(argv: list[str]) -> int:
     cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", *argv])
     t = cfg.training
     device = pick_device()
-    set_env_defaults(cfg, device.type)  # the trainer's allocator settings (CPU: malloc reuse)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     args = model_args_from_config(cfg.model, t.seq_len)
+    set_env_defaults(cfg, device.type, args.largest_weight_bytes())  # the trainer's (CPU: malloc reuse)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(args)
     model.to_empty(device=device)
@@ -54,13 +54,15 @@ def main(argv: list[str]) -> int:
     shape = (t.local_batch_size, t.seq_len)
     tokens = torch.randint(0, args.vocab_size, shape, device=device)
     labels = torch.randint(0, args.vocab_size, shape, device=device)
+    marks: list[float] = []
+
+    def mark():
+        sync()
+        marks.append(time.perf_counter())
+
     for step in range(1, steps + 1):
-        marks = [time.perf_counter()]
-
-        def mark():
-            sync()
-            marks.append(time.perf_counter())
-
+        marks.clear()
+        marks.append(time.perf_counter())
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(tokens)
         loss = cross_entropy_loss(logits, labels, labels.numel())

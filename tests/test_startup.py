@@ -137,9 +137,12 @@ def test_environment_defaults(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     # gloo and no determinism: no variable; on glibc, malloc is told to keep freed memory
     kept = {"glibc.malloc.mmap_max": "0", "glibc.malloc.trim_threshold": str(2**31 - 1)}
-    assert set_env_defaults(cfg, "cpu") == (kept if platform.libc_ver()[0] == "glibc" else {})
+    assert set_env_defaults(cfg, "cpu", 2 * 2**20) == {}  # small weights: glibc's dynamic threshold suffices
+    one_b = model_args_from_config(parse_args(["--model.flavor=1B"]).model, 64).largest_weight_bytes()
+    assert one_b == 4 * 2048 * 128256
+    assert set_env_defaults(cfg, "cpu", one_b) == (kept if platform.libc_ver()[0] == "glibc" else {})
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # the user tuned malloc: left alone
-    assert set_env_defaults(cfg, "cpu") == {}
+    assert set_env_defaults(cfg, "cpu", one_b) == {}
     cfg = parse_args([f"--job.dump_folder={tmp_path}", "--training.deterministic=true"])
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "77")  # the user's, under the older name
     done = set_env_defaults(cfg, "cuda")

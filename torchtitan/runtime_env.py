@@ -30,8 +30,12 @@ CUBLAS_DETERMINISTIC = ":4096:8"  # the workspace setting cuBLAS documents for r
 # mallopt(M_MMAP_MAX, 0) serves every block from the heap and M_TRIM_THRESHOLD = INT_MAX keeps what was freed
 # (up to 2 GiB of free top), so from step 2 on a step reuses the memory of the one before, as the CUDA caching
 # allocator does. Constants from glibc's malloc.h; the GLIBC_TUNABLES names are what the run header prints.
+# Below glibc's largest mmap threshold (32 MiB on 64-bit) its dynamic threshold already keeps blocks in the heap,
+# so the settings are applied only to models with a weight matrix at least that large (the debug model's largest
+# is 2 MiB; there they measured within noise, 2 pairs each way).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 _TRIM_THRESHOLD = 2**31 - 1
+MMAP_THRESHOLD_MAX = 32 * 2**20
 _MALLOC_USER_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
 
 
@@ -49,13 +53,14 @@ def _keep_freed_cpu_memory() -> dict[str, str]:
     return {"glibc.malloc.mmap_max": "0", "glibc.malloc.trim_threshold": str(_TRIM_THRESHOLD)}
 
 
-def set_env_defaults(cfg, device_type: str) -> dict[str, str]:
+def set_env_defaults(cfg, device_type: str, largest_tensor_bytes: int = 0) -> dict[str, str]:
     """Set the defaults below that are not set yet; returns what was set (for the run header).
 
     CUDA: NCCL error handling (above), a flight-recorder dump on timeout into <dump_folder>/logs/nccl_trace_rank<R>
     (torch >= 2.11 reads TORCH_FR_*; the TORCH_NCCL_* spellings are the older names of the same settings).
     training.deterministic: CUBLAS_WORKSPACE_CONFIG, without which deterministic cuBLAS matmuls raise an error.
-    CPU: glibc malloc keeps freed memory for reuse (`_keep_freed_cpu_memory`; a process setting, not a variable).
+    CPU, when the largest weight is at least MMAP_THRESHOLD_MAX bytes: glibc malloc keeps freed memory for reuse
+    (`_keep_freed_cpu_memory`; a process setting, not a variable).
     """
     wanted: list[tuple[tuple[str, ...], str]] = []
     if device_type == "cuda":
@@ -76,6 +81,6 @@ def set_env_defaults(cfg, device_type: str) -> dict[str, str]:
             for name in names:
                 os.environ[name] = value
                 done[name] = value
-    if device_type == "cpu":
+    if device_type == "cpu" and largest_tensor_bytes >= MMAP_THRESHOLD_MAX:
         done.update(_keep_freed_cpu_memory())
     return done

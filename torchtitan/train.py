@@ -121,9 +121,9 @@ def train(cfg: JobConfig) -> int:
     check_output_paths(cfg)  # every folder the run writes: creatable and writable, before any process group
     init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
     device = pick_device()
-    # NCCL error handling and flight-recorder dumps, cuBLAS determinism: set before those libraries start
-    env_defaults = set_env_defaults(cfg, device.type)
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    # NCCL error handling and flight-recorder dumps, cuBLAS determinism, CPU malloc: before those libraries start
+    env_defaults = set_env_defaults(cfg, device.type, model_args.largest_weight_bytes())
     dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
     if dims.pp_enabled:  # and every pipeline constraint (stages, schedule, micro-batches)
         pp_plan = plan_pipeline(

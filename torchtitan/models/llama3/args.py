@@ -62,6 +62,10 @@ class ModelArgs:
         if self.n_heads % self.n_kv_heads:
             raise UserError(f"model n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
 
+    def largest_weight_bytes(self) -> int:
+        """fp32 bytes of the largest weight matrix (embedding/output or an FFN projection)."""
+        return 4 * self.dim * max(self.vocab_size, self.ffn_hidden_dim)
+
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
