@@ -53,7 +53,7 @@ def _keep_freed_cpu_memory() -> dict[str, str]:
     return {"glibc.malloc.mmap_max": "0", "glibc.malloc.trim_threshold": str(_TRIM_THRESHOLD)}
 
 
-def set_env_defaults(cfg, device_type: str, largest_tensor_bytes: int = 0) -> dict[str, str]:
+def set_env_defaults(cfg, device_type: str, largest_weight_bytes: int = 0) -> dict[str, str]:
     """Set the defaults below that are not set yet; returns what was set (for the run header).
 
     CUDA: NCCL error handling (above), a flight-recorder dump on timeout into <dump_folder>/logs/nccl_trace_rank<R>
@@ -81,6 +81,6 @@ def set_env_defaults(cfg, device_type: str, largest_tensor_bytes: int = 0) -> di
             for name in names:
                 os.environ[name] = value
                 done[name] = value
-    if device_type == "cpu" and largest_tensor_bytes >= MMAP_THRESHOLD_MAX:
+    if device_type == "cpu" and largest_weight_bytes >= MMAP_THRESHOLD_MAX:
         done.update(_keep_freed_cpu_memory())
     return done
