@@ -225,13 +225,8 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
     rank, _ = init_distributed(device, cfg.comm.init_timeout_seconds)
     dims.build_mesh(device.type)
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
-    if kind == "hf" and tokenizer.vocab_size != model_args.vocab_size:
-        raise UserError(
-            f"{folder / 'config.json'} has vocab_size {model_args.vocab_size} but tokenizer"
-            f" {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens: set --model.tokenizer_path to the"
-            " tokenizer the checkpoint was trained with"
-        )
-    check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
+    hf_config = str(folder / "config.json") if kind == "hf" else None
+    check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path, hf_config)
     with torch.device("meta"):
         model = get_model_class(cfg.model.name)(model_args)
     pp = None

@@ -483,11 +483,21 @@ def build_dataloader(
     )
 
 
-def check_vocab(tokenizer: Tokenizer, model_vocab_size: int, tokenizer_path: str) -> None:
-    """The embedding must have exactly one row per token id the tokenizer can produce."""
-    if tokenizer.vocab_size != model_vocab_size:
+def check_vocab(
+    tokenizer: Tokenizer, model_vocab_size: int, tokenizer_path: str, model_config: str | None = None
+) -> None:
+    """The embedding must have exactly one row per token id the tokenizer can produce. `model_config`: the file
+    the model's shape was read from (a checkpoint's config.json), when it is not the job config."""
+    if tokenizer.vocab_size == model_vocab_size:
+        return
+    if model_config is not None:  # the shape is the checkpoint's: only the tokenizer can change
         raise UserError(
-            f"tokenizer {tokenizer_path} has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-            f"{model_vocab_size}; set --model.vocab_size={tokenizer.vocab_size} or use a tokenizer with "
-            f"{model_vocab_size} tokens"
+            f"{model_config} has vocab_size {model_vocab_size} but tokenizer {tokenizer_path} has"
+            f" {tokenizer.vocab_size} tokens: set --model.tokenizer_path to the tokenizer the checkpoint was"
+            " trained with"
         )
+    raise UserError(
+        f"tokenizer {tokenizer_path} has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+        f"{model_vocab_size}; set --model.vocab_size={tokenizer.vocab_size} or use a tokenizer with "
+        f"{model_vocab_size} tokens"
+    )

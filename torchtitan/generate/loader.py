@@ -202,7 +202,8 @@ def load_full_weights(
 ) -> None:
     """Copy a full state dict (read_full_state_dict) into an already parallelized, materialized model (its
     pipeline stages, if any): each rank keeps its slice of every parameter it holds (TP, FSDP), with no
-    communication. Names and shapes are checked against the whole model first (one line if they do not fit)."""
+    communication. Names and shapes are checked against the whole model first (one line if they do not fit).
+    Each full tensor is dropped from `sd` once copied, so the full copy shrinks as the shards fill."""
     from torchtitan.parallel import fill_shard
 
     with torch.device("meta"):
@@ -210,7 +211,7 @@ def load_full_weights(
     with torch.no_grad():
         for part in model_parts:
             for name, param in part.named_parameters():  # wrappers (AC, compile) add infixes to the names
-                fill_shard(param, sd[normalize_fqn(name)])
+                fill_shard(param, sd.pop(normalize_fqn(name)))
 
 
 def _load_tensor_parallel(cfg, kind, folder, source, args, device, dtype, world) -> LoadedModel:
