@@ -10,12 +10,14 @@ from torchtitan.errors import UserError
 from torchtitan.metrics import hardware
 from torchtitan.metrics.hardware import (
     DEVICE_SPECS,
+    PeakFlops,
     calibrate_tflops,
     device_spec,
     match_device,
     resolve_peak,
 )
 from torchtitan.metrics.memory import MemoryMonitor, device_memory_gib
+from torchtitan.metrics.processor import raise_measured_peak, throughput_metrics
 from torchtitan.metrics.sinks import JsonlSink, TensorBoardSink, format_line, read_tensorboard_scalars
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -103,6 +105,22 @@ def test_resolve_peak_cpu_measures_and_says_so():
     assert peak.fp8_tflops is None
     assert peak.source.startswith("measured:") and "bf16" in peak.source and "cpu" in peak.source
     assert peak.device_name
+
+
+def test_a_measured_peak_is_raised_to_a_faster_achieved_rate_and_says_so():
+    measured = PeakFlops(0.010, None, "measured: 1024^3 bf16 matmul calibration on cpu", "cpu")
+    same, warning = raise_measured_peak(measured, 0.009, step=10)
+    assert same is measured and warning is None
+    raised, warning = raise_measured_peak(measured, 0.0125, step=20)
+    assert raised.bf16_tflops == 0.0125 and "raised to the rate achieved by step 20" in raised.source
+    assert "MFU peak raised from 0.01 to 0.0125 TFLOPS per device at step 20" in warning
+    # the rank that set the new peak reads exactly 100 %, the others below
+    m = throughput_metrics(1000.0, 1.0, 1, 1000.0, 12.5e6, raised)
+    assert m["mfu/percent"] == pytest.approx(100.0)
+    # a datasheet or user peak is the reference as given: never moved
+    for source in ("table: H100 SXM (dense bf16)", "metrics.peak_tflops override"):
+        fixed = PeakFlops(989.0, 1979.0, source, "NVIDIA H100 80GB HBM3")
+        assert raise_measured_peak(fixed, 1200.0, step=5) == (fixed, None)
 
 
 def test_override_wins(monkeypatch):

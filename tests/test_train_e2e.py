@@ -48,7 +48,7 @@ def fsdp2_run(tmp_path_factory):
 
 
 def test_loss_falls_and_tensorboard_has_documented_tags(fsdp2_run):
-    out, _ = fsdp2_run
+    out, r = fsdp2_run
     scalars = read_tensorboard_scalars(str(out / "tb"))
     for tag in DOCUMENTED_TAGS:
         assert tag in scalars, f"missing tag {tag}; have {sorted(scalars)}"
@@ -59,7 +59,11 @@ def test_loss_falls_and_tensorboard_has_documented_tags(fsdp2_run):
     assert loss[0] > 7.0  # ~ln(2048) = 7.62 at init
     assert sum(loss[-5:]) / 5 < loss[0] - 2.0, loss
     for _, v in scalars["mfu/percent"]:
-        assert 0 < v < 100
+        # The CPU peak is measured at start-up; a rank that later runs faster raises it (docs/metrics.md), so
+        # MFU reaches 100 only at a step where that happened, and the log says so.
+        assert 0 < v <= 100
+        if v == 100:
+            assert "MFU peak raised from" in r.stdout + r.stderr
     per_dev = dict(scalars["throughput/tokens_per_sec_per_device"])
     glob = dict(scalars["throughput/tokens_per_sec_global"])
     for step, v in per_dev.items():

@@ -155,6 +155,24 @@ def _agree_on_peak(peak: PeakFlops) -> PeakFlops:
     )
 
 
+def raise_measured_peak(peak: PeakFlops, achieved_tflops: float, step: int) -> tuple[PeakFlops, str | None]:
+    """A measured peak is only a lower bound of what the device can do: if a rank ran the model faster than
+    the calibration measured (the machine was busier while it measured), the achieved rate becomes the peak, so
+    MFU never reads above 100 %. Returns the peak to use from now on and the warning to log, if it changed.
+    A table or override peak is never changed: exceeding it means a wrong datasheet value or FLOPs count."""
+    if not peak.source.startswith("measured") or achieved_tflops <= peak.bf16_tflops:
+        return peak, None
+    warning = (
+        f"MFU peak raised from {peak.bf16_tflops:.4g} to {achieved_tflops:.4g} TFLOPS per device at step {step}:"
+        f" a rank ran faster than the start-up calibration measured (the machine was busier while it measured);"
+        f" earlier MFU values were against the lower peak. Set metrics.peak_tflops to fix the reference"
+    )
+    raised = dataclasses.replace(
+        peak, bf16_tflops=achieved_tflops, source=peak.source + f", raised to the rate achieved by step {step}"
+    )
+    return raised, warning
+
+
 class MetricsProcessor:
     def __init__(
         self,
@@ -253,9 +271,13 @@ class MetricsProcessor:
         maxes = torch.tensor([loss_value], dtype=torch.float64)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=dp_mesh.get_group())
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=dp_mesh.get_group())
-        mine = torch.tensor([step_time, self.data_time / steps], dtype=torch.float64)
+        local_tflops = self.flops_per_token * (local_rate / self.dims.non_data_parallel_size) / 1e12  # as below
+        mine = torch.tensor([step_time, self.data_time / steps, local_tflops], dtype=torch.float64)
         per_rank = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(per_rank, mine)
+        self.peak, warning = raise_measured_peak(self.peak, max(t[2].item() for t in per_rank), step)
+        if warning:
+            logger.warning(warning)
 
         m: dict[str, float] = {
             "loss/global_avg": sums[0].item() / self.dims.dp,
