@@ -3,6 +3,7 @@
 
     python scripts/bench_peers.py                                     # debug shape, bf16 and fp32, 3 pairs each
     python scripts/bench_peers.py --flavor debugmodel_large --batch 2 --dtype float32 --repeat 5
+    python scripts/bench_peers.py -- --compile.enable=true          # both sides torch.compile'd (blocks + loss)
 
 Runs alternate (trainer, HF, trainer, HF, ...) so drift in machine speed hits both alike, and the ratio
 trainer / HF is taken per pair; the median is printed with every pair's figure. Each side runs in its own
@@ -19,7 +20,8 @@ What each side runs:
            with the config's lr/betas/eps/weight decay on the same parameters (matrices but not embeddings
            decayed, as the trainer does) and the trainer's AdamW kernel (optimizer.implementation; HF's Trainer
            defaults to the fused one too), zero_grad(set_to_none). Constant LR (the trainer's schedule costs
-           nothing measurable). Timed like scripts/bench.py's bare loop.
+           nothing measurable). Timed like scripts/bench.py's bare loop. With `-- --compile.enable=true` each
+           decoder layer is compiled in place and the loss too, as the trainer compiles its blocks and loss.
 Both start from the same weights and see the same tokens, so their first losses agree (printed as a check).
 """
 
@@ -68,6 +70,16 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
     model.load_state_dict(ours_to_hf(ours.state_dict(), args), strict=True)
     del ours
     model.train()
+    c = cfg.compile
+    if c.enable and "model" in c.components:  # as the trainer does: each decoder layer compiled in place
+        for layer in model.model.layers:
+            layer.compile()
+
+    def loss_fn(logits, labels):
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+    if c.enable and "loss" in c.components:
+        loss_fn = torch.compile(loss_fn)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed_tokens" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed_tokens" not in n)]
     impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}
@@ -96,7 +108,7 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
         x, y = next(data)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=x, use_cache=False).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss = loss_fn(logits, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_norm, foreach=True)
         opt.step()
