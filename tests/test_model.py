@@ -10,7 +10,7 @@ from torch import nn
 
 from torchtitan.errors import UserError
 from torchtitan.models import MODELS, build_model_args
-from torchtitan.models.counter_init import _mix32_top_, fill_normal, mix32
+from torchtitan.models.counter_init import _mix32_top_, as_int32, fill_normal, mix32
 from torchtitan.models.llama3 import ModelArgs, RopeScaling, Transformer, get_model_args, llama3_flavors
 from torchtitan.models.llama3.model import apply_rotary_emb, precompute_freqs_cis, rope_frequencies
 
@@ -360,14 +360,21 @@ def lowbias32(x: int) -> int:
 
 
 def test_mix32_is_lowbias32_without_int64_overflow():
-    """The hash on int64 tensors (products kept below 2^63) equals lowbias32 computed with exact integers."""
-    x = torch.tensor([0, 1, 2, 12345, 2**31 - 1, 2**31, 2**32 - 1], dtype=torch.int64)
-    assert mix32(x).tolist() == [lowbias32(int(v)) for v in x] == [mix32(int(v)) for v in x]
-    in_place = x.clone()  # the in-place version used per element stops before the final xorshift
-    _mix32_top_(in_place, torch.empty_like(x))
-    assert torch.equal(in_place ^ (in_place >> 16), mix32(x))
+    """The hash on int64 tensors (products kept below 2^63) equals lowbias32 computed with exact integers, and so
+    does the per-element round on int32 bit patterns (wrapping products, masked arithmetic shifts)."""
+    edges = [0, 1, 2, 12345, 2**15 - 1, 2**16, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 2, 2**32 - 1]
+    x = torch.cat(
+        [torch.tensor(edges), torch.randint(0, 2**32, (100_003,), generator=torch.Generator().manual_seed(0))]
+    )
+    assert mix32(x[:11]).tolist() == [lowbias32(int(v)) for v in x[:11]] == [mix32(int(v)) for v in x[:11]]
     assert mix32(x).max() < 2**32 and mix32(x).min() >= 0
     assert len(set(mix32(torch.arange(1 << 16)).tolist())) == 1 << 16  # a bijection: no collisions
+    # the in-place int32 version used per element (an odd length: vector body and scalar tail) stops before the
+    # final xorshift; its bit pattern read as unsigned is lowbias32's value before that step
+    in_place = as_int32(x)
+    _mix32_top_(in_place, torch.empty_like(in_place))
+    unsigned = in_place.to(torch.int64) % 2**32
+    assert torch.equal(unsigned ^ (unsigned >> 16), mix32(x))
 
 
 # ------------------------------------------------------------------------------------------------------ forward

@@ -168,7 +168,9 @@ def raise_measured_peak(peak: PeakFlops, achieved_tflops: float, step: int) -> t
         f" earlier MFU values were against the lower peak. Set metrics.peak_tflops to fix the reference"
     )
     raised = dataclasses.replace(
-        peak, bf16_tflops=achieved_tflops, source=peak.source + f", raised to the rate achieved by step {step}"
+        peak,
+        bf16_tflops=achieved_tflops,
+        source=peak.source + f", raised to the rate achieved by step {step}",
     )
     return raised, warning
 
@@ -271,7 +273,9 @@ class MetricsProcessor:
         maxes = torch.tensor([loss_value], dtype=torch.float64)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=dp_mesh.get_group())
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=dp_mesh.get_group())
-        local_tflops = self.flops_per_token * (local_rate / self.dims.non_data_parallel_size) / 1e12  # as below
+        local_tflops = (
+            self.flops_per_token * (local_rate / self.dims.non_data_parallel_size) / 1e12
+        )  # as below
         mine = torch.tensor([step_time, self.data_time / steps, local_tflops], dtype=torch.float64)
         per_rank = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(per_rank, mine)
