@@ -69,7 +69,7 @@ def throughput_metrics(
         "throughput/tokens_per_sec_per_device": per_device,
         "throughput/tokens_per_sec_global": dp_ranks_rate_sum,
         "throughput/tflops_per_device": tflops,
-        "mfu/percent": 100.0 * tflops / peak.bf16_tflops,
+        "mfu/percent": 100.0 * (tflops / peak.bf16_tflops),  # exactly 100 when the rate is the peak
     }
     if float8_flops_per_token > 0 and peak.fp8_tflops:
         ideal_s_per_token = (
