@@ -12,7 +12,12 @@ from torchtitan.errors import UserError
 from torchtitan.models import MODELS, build_model_args
 from torchtitan.models.counter_init import _mix32_top_, as_int32, fill_normal, mix32
 from torchtitan.models.llama3 import ModelArgs, RopeScaling, Transformer, get_model_args, llama3_flavors
-from torchtitan.models.llama3.model import apply_rotary_emb, precompute_freqs_cis, rope_frequencies
+from torchtitan.models.llama3.model import (
+    _apply_rotary_emb_real,
+    apply_rotary_emb,
+    precompute_freqs_cis,
+    rope_frequencies,
+)
 
 # Totals from Meta's model cards / safetensors metadata (Llama 3.2 1B/3B with tied embeddings, Llama 3.1).
 PUBLISHED_PARAMS = {
@@ -509,6 +514,24 @@ def test_rotary_matches_complex_form():
         torch.view_as_complex(x.reshape(2, 12, 3, -1, 2)) * cis[None, :, None]
     ).flatten(-2)
     torch.testing.assert_close(apply_rotary_emb(x, freqs_cis), expected)
+
+
+def test_rotary_under_compile_is_the_real_form_with_the_same_values():
+    """torch.compile traces the real-arithmetic rotation (Inductor has no code generation for complex operators):
+    the eager complex values to fp32 rounding (the complex kernel's scalar path may round one product-sum
+    differently: one ulp), for training's table [S, hd/2, 2] and generation's per-row [B, S, hd/2, 2]."""
+    args = tiny_args()
+    table = precompute_freqs_cis(args)
+    x = torch.randn(2, 12, 3, args.head_dim)
+    per_row = table[torch.tensor([[3] * 12, list(range(5, 17))])]
+    compiled = torch.compile(apply_rotary_emb, fullgraph=True)
+    for freqs_cis in (table[:12], per_row):
+        eager = apply_rotary_emb(x, freqs_cis)
+        torch.testing.assert_close(_apply_rotary_emb_real(x, freqs_cis), eager, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(compiled(x, freqs_cis), eager, rtol=1e-6, atol=1e-6)
+        bf16 = compiled(x.bfloat16(), freqs_cis)
+        assert bf16.dtype == torch.bfloat16
+        torch.testing.assert_close(bf16, apply_rotary_emb(x.bfloat16(), freqs_cis), rtol=0.008, atol=1e-5)
 
 
 def test_rope_scaling_formula():

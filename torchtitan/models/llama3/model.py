@@ -81,10 +81,24 @@ def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     where the same arithmetic spelled out on the real and imaginary halves takes six plus a stack: 5x faster on
     CPU for the debug model's q and k (docs/performance.md), with bitwise the same fp32 result.
     """
+    if torch.compiler.is_compiling():
+        return _apply_rotary_emb_real(x, freqs_cis)
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     # [S, 1, hd/2] (training) or [B, S, 1, hd/2] (generation, per-row positions): broadcast over the heads
     rotation = torch.view_as_complex(freqs_cis.float()).unsqueeze(-2)
     return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
+
+
+def _apply_rotary_emb_real(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """The same rotation as apply_rotary_emb, (a + ib)(c + is) = (ac - bs) + i(as + bc), on real tensors.
+
+    Used under torch.compile: Inductor generates no code for complex operators (it runs them as separate eager
+    kernels: "Torchinductor does not support code generation for complex operators"), while this form fuses
+    into one kernel with the casts around it. Eager keeps the complex kernel, which is faster there.
+    """
+    a, b = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs_cis.float().unsqueeze(-3).unbind(-1)  # [S, 1, hd/2] or [B, S, 1, hd/2], as above
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).type_as(x)
 
 
 # ------------------------------------------------------------------------------------------------- KV cache
