@@ -273,9 +273,8 @@ class MetricsProcessor:
         maxes = torch.tensor([loss_value], dtype=torch.float64)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=dp_mesh.get_group())
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=dp_mesh.get_group())
-        local_tflops = (
-            self.flops_per_token * (local_rate / self.dims.non_data_parallel_size) / 1e12
-        )  # as below
+        # this rank's TFLOPS, with the same operations as throughput_metrics below (so equal rates compare equal)
+        local_tflops = self.flops_per_token * (local_rate / self.dims.non_data_parallel_size) / 1e12
         mine = torch.tensor([step_time, self.data_time / steps, local_tflops], dtype=torch.float64)
         per_rank = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(per_rank, mine)
