@@ -12,6 +12,7 @@ from torchtitan.metrics.hardware import (
     DEVICE_SPECS,
     PeakFlops,
     calibrate_tflops,
+    cpu_bf16_warning,
     device_spec,
     match_device,
     resolve_peak,
@@ -121,6 +122,21 @@ def test_a_measured_peak_is_raised_to_a_faster_achieved_rate_and_says_so():
     for source in ("table: H100 SXM (dense bf16)", "metrics.peak_tflops override"):
         fixed = PeakFlops(989.0, 1979.0, source, "NVIDIA H100 80GB HBM3")
         assert raise_measured_peak(fixed, 1200.0, step=5) == (fixed, None)
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(monkeypatch):
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    warning = cpu_bf16_warning("cpu", torch.bfloat16)
+    assert "no AVX512-BF16, no AMX" in warning and "mixed_precision_param=float32" in warning
+    assert cpu_bf16_warning("cpu", torch.float32) is None
+    assert cpu_bf16_warning("cuda", torch.bfloat16) is None
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert cpu_bf16_warning("cpu", torch.bfloat16) is None
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "aarch64")  # capability not reported: no claim
+    assert cpu_bf16_warning("cpu", torch.bfloat16) is None
 
 
 def test_override_wins(monkeypatch):

@@ -36,7 +36,7 @@ from torchtitan.errors import UserError
 from torchtitan.evaluate import Evaluator
 from torchtitan.host_sync import StepChecks, forbid_syncs, to_host
 from torchtitan.log import init_logger, logger
-from torchtitan.metrics import MetricsProcessor, resolve_peak
+from torchtitan.metrics import MetricsProcessor, cpu_bf16_warning, resolve_peak
 from torchtitan.metrics.goodput import PROGRESS_FILE, GoodputTracker
 from torchtitan.models import get_model_class, model_args_from_config
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_, init_optimizer_state
@@ -279,6 +279,8 @@ def train(cfg: JobConfig) -> int:
     for line in header:
         logger.info(line)
     metrics.write_text("run/header", "\n\n".join(header))
+    if note := cpu_bf16_warning(device, compute_dtype):
+        logger.warning(note)
 
     # Python's cyclic GC can pause a rank for ~100 ms at random steps; collect at fixed steps instead, on all ranks.
     if t.gc_freq > 0:

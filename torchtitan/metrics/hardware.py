@@ -207,6 +207,26 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def cpu_bf16_warning(device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """The run-header warning for bf16 compute on an x86 CPU without bf16 instructions (AVX512-BF16 or AMX),
+    where torch emulates bf16 matmuls in fp32 arithmetic plus conversions; None otherwise (other devices, other
+    architectures, whose capability torch does not report)."""
+    if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    checks = [
+        getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
+    if None in checks or any(check() for check in checks):
+        return None
+    return (
+        f"bf16 compute on a CPU without bf16 instructions ({_cpu_name()}: no AVX512-BF16, no AMX): torch"
+        " emulates the bf16 matmuls, slower than fp32 here (2.6-2.8x for the debug model on the CPU of"
+        " docs/performance.md); training.mixed_precision_param=float32 is the faster choice on this machine"
+    )
+
+
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
