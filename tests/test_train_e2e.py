@@ -4,9 +4,10 @@ import json
 import math
 
 import pytest
+import torch
 
 from conftest import TINY, run_train
-from torchtitan.metrics import read_tensorboard_scalars
+from torchtitan.metrics import cpu_bf16_warning, read_tensorboard_scalars
 
 DOCUMENTED_TAGS = [
     "loss/global_avg",
@@ -75,6 +76,13 @@ def test_loss_falls_and_tensorboard_has_documented_tags(fsdp2_run):
     assert all(
         mx >= avg - 1e-6 for (_, avg), (_, mx) in zip(scalars["loss/global_avg"], scalars["loss/global_max"])
     )
+
+
+def test_the_header_warns_about_emulated_bf16_exactly_where_it_applies(fsdp2_run):
+    """The run is bf16 on CPU: the warning is logged once per rank if this CPU lacks bf16 instructions, else never."""
+    _, r = fsdp2_run
+    expected = 2 if cpu_bf16_warning("cpu", torch.bfloat16) else 0
+    assert (r.stdout + r.stderr).count("bf16 compute on a CPU without bf16 instructions") == expected
 
 
 def test_jsonl_matches_tensorboard(fsdp2_run):
