@@ -79,9 +79,10 @@ def test_loss_falls_and_tensorboard_has_documented_tags(fsdp2_run):
 
 
 def test_the_header_warns_about_emulated_bf16_exactly_where_it_applies(fsdp2_run):
-    """The run is bf16 on CPU: the warning is logged once per rank if this CPU lacks bf16 instructions, else never."""
+    """The run is bf16 on CPU: rank 0's console has the warning once if this CPU lacks bf16 instructions, else
+    never (torch reports the capability; the unit test covers both answers)."""
     _, r = fsdp2_run
-    expected = 2 if cpu_bf16_warning("cpu", torch.bfloat16) else 0
+    expected = 1 if cpu_bf16_warning("cpu", torch.bfloat16) else 0
     assert (r.stdout + r.stderr).count("bf16 compute on a CPU without bf16 instructions") == expected
 
 
