@@ -58,6 +58,7 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
     from torchtitan.config import parse_args
     from torchtitan.data import build_dataloader, build_tokenizer
     from torchtitan.models import get_model_class, model_args_from_config
+    from torchtitan.parallel.compile import maybe_compile_loss
 
     cfg = parse_args([CONFIG, *overrides])
     t, o = cfg.training, cfg.optimizer
@@ -78,8 +79,7 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
     def loss_fn(logits, labels):
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
-    if c.enable and "loss" in c.components:
-        loss_fn = torch.compile(loss_fn)
+    loss_fn = maybe_compile_loss(loss_fn, cfg)  # the trainer's rule for compiling its loss
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed_tokens" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed_tokens" not in n)]
     impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}

@@ -145,6 +145,11 @@ class PeakFlops:
     source: str  # where the numbers came from, printed in the run header
     device_name: str
 
+    @property
+    def measured(self) -> bool:
+        """A calibration on this machine (resolve_peak's "measured: ..." source), not a table or override value."""
+        return self.source.startswith("measured")
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":  # also ROCm, which presents itself as cuda

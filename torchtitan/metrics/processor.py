@@ -146,7 +146,7 @@ def validation_metrics(loss_sum: float, tokens: int) -> dict[str, float]:
 
 def _agree_on_peak(peak: PeakFlops) -> PeakFlops:
     """A measured peak differs a little per rank; use the highest everywhere so MFU is never flattered."""
-    if not peak.source.startswith("measured") or dist.get_world_size() == 1:
+    if not peak.measured or dist.get_world_size() == 1:
         return peak
     best = torch.tensor([peak.bf16_tflops], dtype=torch.float64)
     dist.all_reduce(best, op=dist.ReduceOp.MAX)
@@ -160,11 +160,12 @@ def raise_measured_peak(peak: PeakFlops, achieved_tflops: float, step: int) -> t
     the calibration measured (the machine was busier while it measured), the achieved rate becomes the peak, so
     MFU never reads above 100 %. Returns the peak to use from now on and the warning to log, if it changed.
     A table or override peak is never changed: exceeding it means a wrong datasheet value or FLOPs count."""
-    if not peak.source.startswith("measured") or achieved_tflops <= peak.bf16_tflops:
+    if not peak.measured or achieved_tflops <= peak.bf16_tflops:
         return peak, None
     warning = (
         f"MFU peak raised from {peak.bf16_tflops:.4g} to {achieved_tflops:.4g} TFLOPS per device at step {step}:"
-        f" a rank ran faster than the start-up calibration measured (the machine was busier while it measured);"
+        f" a rank ran faster than the start-up calibration measured (usually: the machine was busier while it"
+        f" measured);"
         f" earlier MFU values were against the lower peak. Set metrics.peak_tflops to fix the reference"
     )
     raised = dataclasses.replace(
