@@ -128,3 +128,22 @@ def test_first_step_runs_under_the_init_timeout(tmp_path):
     r = run_train(2, args, env=env, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "collective timeout now 3 s" in r.stdout + r.stderr
+
+
+def test_more_ranks_than_gpus_is_one_clear_line(monkeypatch):
+    """torchrun --nproc_per_node above the node's GPU count: the extra rank says so (a UserError: one line, exit 2)
+    instead of CUDA's "invalid device ordinal" traceback. Seen on a 1-GPU machine with 2 ranks."""
+    import torch
+
+    from torchtitan.errors import UserError
+    from torchtitan.parallel.distributed import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(UserError) as e:
+        pick_device()
+    msg = str(e.value)
+    assert "local rank 1" in msg and "1 CUDA device" in msg and "CUDA_VISIBLE_DEVICES=3" in msg
+    assert "--nproc_per_node" in msg and "\n" not in msg

@@ -17,6 +17,12 @@ def pick_device() -> torch.device:
     """This process's device: the local GPU under torchrun when CUDA is present, else the CPU."""
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"local rank {local_rank} has no GPU: this node sees {torch.cuda.device_count()} CUDA device(s)"
+                f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); start torchrun"
+                " with --nproc_per_node at most that many"
+            )
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
