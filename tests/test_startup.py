@@ -73,6 +73,28 @@ def test_no_sync_on_non_log_steps_on_cuda(tmp_path):
     assert [s for s in range(1, 8) if rep["reads_per_step"][s] == 0] == [2, 4, 5]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_to_host_reads_values_from_different_devices():
+    """Under FSDP CPU offload the gradient norm is a CPU tensor and the loss a GPU one: one read takes both."""
+    from torchtitan.host_sync import to_host
+
+    assert to_host(torch.tensor(1.5, device="cuda"), torch.tensor(2.0)) == [1.5, 2.0]
+    assert to_host(torch.tensor(3.0), torch.tensor(0.25, device="cuda")) == [3.0, 0.25]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fsdp_cpu_offload_trains_on_cuda(tmp_path):
+    """Parameters, gradients and optimizer state in CPU memory, compute on the GPU: the run finishes its log
+    steps (before the fix, the first log step stacked the CPU gradient norm with the GPU loss and crashed)."""
+    r = run_train(
+        1,
+        TINY + ["--training.steps=3", "--parallelism.fsdp_cpu_offload=true", f"--job.dump_folder={tmp_path}"],
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss/global_avg" in row][-1] == 3
+
+
 def test_resume_draws_no_random_weights(tmp_path):
     """A fresh run initializes every random parameter; a run resuming from a checkpoint initializes none (the
     load overwrites them all) and still continues exactly (the RoPE table is computed either way)."""

@@ -29,10 +29,13 @@ reads = 0  # calls of to_host since the process started
 
 
 def to_host(*tensors: torch.Tensor) -> list[float]:
-    """The values of these scalar tensors on the host, read with one synchronization."""
+    """The values of these scalar tensors on the host, read with one synchronization. They may live on different
+    devices (under FSDP CPU offload the gradient norm is computed on the CPU, the loss on the GPU): all are
+    gathered on the first one's device first."""
     global reads
     reads += 1
-    return torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).tolist()
+    device = tensors[0].device
+    return torch.stack([t.detach().reshape(()).to(device, torch.float64) for t in tensors]).tolist()
 
 
 def forbid_syncs(forbid: bool, device: torch.device) -> None:
