@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -375,6 +376,31 @@ def _build_stager():
     )
 
 
+@functools.cache
+def stager_survives_reuse() -> bool:
+    """Whether one DefaultStager can stage more than once. torch 2.11 closes it at the end of every stage(), so a
+    second save fails with `KeyError: <class 'type'>` (pytorch#183413); probed once on a tiny CPU tensor."""
+    stager = _build_stager()
+    if stager is None:
+        return False
+    try:
+        for _ in range(2):
+            stager.stage({"x": torch.zeros(1)})
+        return True
+    except KeyError:
+        return False
+    finally:
+        stager.close()
+
+
+def stager_for_save(current):
+    """The stager for the next async save: the run's own where torch can reuse one (its pinned buffers are kept),
+    else a fresh one per save (staging memory allocated at every save, as DCP's default does)."""
+    if current is not None and not stager_survives_reuse():
+        return _build_stager()
+    return current
+
+
 # ----------------------------------------------------------------------------------------------------- manager
 
 
@@ -500,6 +526,7 @@ class CheckpointManager:
             tmp, step=step, extra_files=extra, fault=lambda rel: fault_hook("save_data", step, self.rank)
         )
         if self.c.async_mode == "async" and kind == "full":
+            self.stager = stager_for_save(self.stager)
             stager = {"async_stager": self.stager} if self.stager is not None else {}
             fut = dcp.async_save(state, storage_writer=writer, process_group=self.async_pg, **stager)
             fut = getattr(fut, "upload_completion", fut)  # torch >= 2.9 may return an AsyncSaveResponse
