@@ -11,6 +11,9 @@ from __future__ import annotations
 import ctypes
 import os
 
+import torch
+from torch.torch_version import TorchVersion
+
 # NCCL on a timed-out or failed collective (values of TORCH_NCCL_ASYNC_ERROR_HANDLING in torch's
 # ProcessGroupNCCL.hpp: 0 no handling, 1 abort communicators and tear down the process, 2 only abort the
 # communicators, 3 tear down without aborting; torch's default is 3). With 2 the process lives on and the
@@ -22,6 +25,9 @@ import os
 NCCL_ERROR_HANDLING = "2"
 FLIGHT_RECORDER_EVENTS = "2000"  # collectives remembered per process group for the dump
 CUBLAS_DETERMINISTIC = ":4096:8"  # the workspace setting cuBLAS documents for reproducible results
+# torch >= 2.11 reads the flight recorder's TORCH_FR_* names and warns that the TORCH_NCCL_* ones are deprecated;
+# older releases get both spellings.
+_TORCH_READS_FR_NAMES = TorchVersion(torch.__version__) >= "2.11"
 
 # CPU tensors come from glibc malloc. It serves a block above its mmap threshold (at most 32 MiB) with a fresh mmap
 # and unmaps it on free, and it returns the free top of the heap to the OS above its trim threshold: every
@@ -57,7 +63,7 @@ def set_env_defaults(cfg, device_type: str, largest_weight_bytes: int = 0) -> di
     """Set the defaults below that are not set yet; returns what was set (for the run header).
 
     CUDA: NCCL error handling (above), a flight-recorder dump on timeout into <dump_folder>/logs/nccl_trace_rank<R>
-    (torch >= 2.11 reads TORCH_FR_*; the TORCH_NCCL_* spellings are the older names of the same settings).
+    (torch >= 2.11 reads TORCH_FR_* and gets only those; older releases also get the TORCH_NCCL_* spellings).
     training.deterministic: CUBLAS_WORKSPACE_CONFIG, without which deterministic cuBLAS matmuls raise an error.
     CPU, when the largest weight is at least MMAP_THRESHOLD_MAX bytes: glibc malloc keeps freed memory for reuse
     (`_keep_freed_cpu_memory`; a process setting, not a variable).
@@ -76,9 +82,9 @@ def set_env_defaults(cfg, device_type: str, largest_weight_bytes: int = 0) -> di
         wanted.append((("CUBLAS_WORKSPACE_CONFIG",), CUBLAS_DETERMINISTIC))
     done = {}
     for names, value in wanted:
-        # a setting the user made under any of its names is kept
+        # a setting the user made under any of its names is kept; torch >= 2.11 warns when it sees an old name
         if not any(name in os.environ for name in names):
-            for name in names:
+            for name in names[:1] if _TORCH_READS_FR_NAMES else names:
                 os.environ[name] = value
                 done[name] = value
     if device_type == "cpu" and largest_weight_bytes >= MMAP_THRESHOLD_MAX:
