@@ -17,7 +17,8 @@ Decode ms/step = 1000 * batch / (decode tokens/s): the latency of one decode ste
 The last column is the analytic estimator's predicted decode ms/step (torchtitan/estimate) for the same shape,
 batch, prompt length, new tokens and weight dtype, next to the measured one. A CPU has no datasheet: give its
 rates with --peak_tflops and --hbm_gbps (`python -m torchtitan.estimate --estimate.hardware=cpu
---estimate.calibrate=true` measures them), else the column reads "n/a".
+--estimate.calibrate=true` measures them), else the column reads "n/a". On a GPU (--device cuda, the default
+when one is present) both run there and the estimator uses the device's datasheet row.
 """
 
 import argparse
@@ -38,7 +39,7 @@ from torchtitan.models.llama3 import get_model_args  # noqa: E402
 VARIANTS = ("ours", "ours-int8", "ours-compile", "ours-int8-compile", "hf")
 
 
-def build(shape: str, layers: int | None, dtype: torch.dtype, variants: list[str]):
+def build(shape: str, layers: int | None, dtype: torch.dtype, variants: list[str], device: torch.device):
     import transformers
 
     args = get_model_args("debugmodel" if shape == "debug" else shape, max_seq_len=2048)
@@ -47,13 +48,13 @@ def build(shape: str, layers: int | None, dtype: torch.dtype, variants: list[str
     cfg = hf_config_from_model_args(args, str(dtype).removeprefix("torch."))
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, attn_implementation="sdpa"))
-    hf = hf.to(dtype).eval()
+    hf = hf.to(device=device, dtype=dtype).eval()
     models = {"hf": hf}
     for v in variants:
         if v == "hf":
             continue
         sd = hf_to_ours({k: t.clone() for k, t in hf.state_dict().items()}, args)
-        model = model_from_state_dict(args, sd, torch.device("cpu"), dtype)
+        model = model_from_state_dict(args, sd, device, dtype)
         if "int8" in v:
             quantize_weights(model, "int8")
         models[v] = (model, make_decode_step(model, compile="compile" in v))
@@ -67,7 +68,7 @@ def estimator_decode_ms(args, batch: int, a, weight_dtype: str) -> float | str:
     from torchtitan.generate.benchmark import predicted_latency
 
     est = Estimate(peak_tflops=a.peak_tflops, hbm_bandwidth_gbps=a.hbm_gbps)
-    device = torch.device("cpu")
+    device = torch.device(a.device)
     p = predicted_latency(est, args, device, 1, batch, a.prompt_len, a.new, weight_dtype)
     return p.get("decode_ms_per_token", "n/a")
 
@@ -97,6 +98,8 @@ def time_call(variant: str, models: dict, prompts: torch.Tensor, new: int, cache
             static_shapes=compiled,
         )
         assert all(len(t) == new for t in out.tokens)
+    if prompts.is_cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
@@ -110,6 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=["ours", "hf"])
     p.add_argument(
         "--peak_tflops", type=float, default=None, help="this CPU's peak, for the estimator column"
@@ -121,11 +125,13 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     variants = list(dict.fromkeys([*a.variants, "hf"]))  # transformers is the yardstick of every ratio
-    args, models = build(a.shape, a.layers, DTYPES[a.dtype], variants)
+    device = torch.device(a.device)
+    args, models = build(a.shape, a.layers, DTYPES[a.dtype], variants, device)
     print(
         f"# shape {a.shape} ({args.n_layers} layers, dim {args.dim}, vocab {args.vocab_size},"
         f" {args.num_params() / 1e6:.1f}M params), {a.dtype}, prompt {a.prompt_len}, new {a.new},"
-        f" threads {torch.get_num_threads()}, torch {torch.__version__}",
+        f" {torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'},"
+        f" torch {torch.__version__}",
         flush=True,
     )
     print(
@@ -135,7 +141,7 @@ def main(argv=None) -> int:
     print("| ---: | --- | ---: | --- | ---: | ---: | ---: |")
     for batch in a.batch:
         g = torch.Generator().manual_seed(batch)
-        prompts = torch.randint(3, args.vocab_size, (batch, a.prompt_len), generator=g)
+        prompts = torch.randint(3, args.vocab_size, (batch, a.prompt_len), generator=g).to(device)
         cache_len = a.prompt_len + a.new
         for v in variants:  # warm-up (and compilation)
             time_call(v, models, prompts, 4, cache_len)

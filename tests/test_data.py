@@ -9,6 +9,7 @@ import importlib.util
 import json
 import logging
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -512,3 +513,22 @@ def test_empty_user_file_is_a_clear_error(tmp_path):
     empty.write_text("")
     with pytest.raises(UserError, match="holds no records"):
         build_dataloader("debug_corpus", str(empty), "text", build_tokenizer(str(SP_MODEL)), 0, 1, 2, 16)
+
+
+def test_bench_tokenizer_has_llama3_size_and_round_trips(tmp_path):
+    """scripts/make_bench_tokenizer.py: a tokenizer.json the 1B-405B flavors accept (128,256 entries, Llama 3's
+    BOS/EOS names), trained offline on the debug corpus, that decodes what it encodes."""
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from make_bench_tokenizer import make
+    finally:
+        sys.path.pop(0)
+    tok = build_tokenizer(str(make(tmp_path, 128256)))
+    assert isinstance(tok, HFTokenizer) and tok.vocab_size == 128256
+    assert {tok.bos_id, tok.eos_id} == {0, 1}
+    text = "Lily saw a fluffy rabbit.\n\"Hello!\" said Tom."
+    ids = tok.encode(text, bos=True, eos=True)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id and max(ids[1:-1]) < 4096
+    assert tok.decode(ids[1:-1]) == text
