@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,11 +24,12 @@ CORPUS = ROOT / "tests" / "assets" / "debug_corpus" / "train.jsonl"
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>"]
 
 
-def make(out: Path, vocab_size: int, bpe_pieces: int = 4096) -> Path:
+BPE_PIECES = 4096
+
+
+def make(out: Path, vocab_size: int, bpe_pieces: int = BPE_PIECES) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    if vocab_size < bpe_pieces + len(SPECIALS):
-        raise SystemExit(f"error: --vocab_size {vocab_size} must be at least {bpe_pieces + len(SPECIALS)}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -54,8 +56,15 @@ def main():
     p.add_argument("--out", type=Path, required=True, help="folder for tokenizer.json")
     p.add_argument("--vocab_size", type=int, default=128256, help="entries in all (Llama 3: 128256)")
     a = p.parse_args()
+    if a.vocab_size < BPE_PIECES + len(SPECIALS):
+        print(
+            f"error: --vocab_size {a.vocab_size} must be at least {BPE_PIECES + len(SPECIALS)}",
+            file=sys.stderr,
+        )
+        return 2
     print(make(a.out, a.vocab_size))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

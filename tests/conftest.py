@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -35,6 +36,14 @@ def train_env(**extra) -> dict:
     )
     env.update(extra)
     return env
+
+
+def import_script(name: str):
+    """scripts/<name>.py imported as a module (the scripts folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_script(

@@ -3,14 +3,13 @@ names, and bitwise-equal training (the recompute must not change a single bit)."
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import ROOT, TINY
+from conftest import TINY, import_script
 from torchtitan.models.llama3.args import ModelArgs
 from torchtitan.models.llama3.model import Transformer
 from torchtitan.parallel.activation_checkpoint import SAVE_OPS, apply_ac
@@ -110,19 +109,12 @@ def test_selective_op_saves_every_other_matmul_and_recomputes_cheap_ops():
         assert all(torch.equal(a, b) for a, b in zip(grads, grads0))
 
 
-def _loss_compare():
-    spec = importlib.util.spec_from_file_location("loss_compare", ROOT / "scripts" / "loss_compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_ac_modes_train_bitwise_equal(monkeypatch, tmp_path):
     """10 fp32 training steps: none vs full, selective every 2nd block and selective per-op give identical
     losses and grad norms (rtol 0): recomputation replays the same kernels on the same inputs.
     Uses loss_compare's own run() and compare() so the baseline is trained once, not once per pair."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    lc = _loss_compare()
+    lc = import_script("loss_compare")
     common = [*TINY, "--training.steps=10"]
     baseline = lc.run(1, common, str(tmp_path / "none"))
     for args in (

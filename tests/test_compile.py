@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-from conftest import ROOT, TINY
+from conftest import TINY, import_script
 
 
 def test_compile_matches_eager_with_selective_ac(monkeypatch):
@@ -17,9 +15,7 @@ def test_compile_matches_eager_with_selective_ac(monkeypatch):
     AC policy under compile or a skipped hook moves the loss by far more than that.
     """
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    spec = importlib.util.spec_from_file_location("loss_compare", ROOT / "scripts" / "loss_compare.py")
-    lc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lc)
+    lc = import_script("loss_compare")
     # the compiled run uses FSDP 2 (1 sequence per rank), so FSDP2's hooks around compiled blocks are covered;
     # data.num_shards=2 gives both runs the same global batches
     common = [*TINY, "--training.steps=10", "--activation_checkpoint.mode=selective", "--data.num_shards=2"]

@@ -5,16 +5,15 @@ import os
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # before `datasets` is imported anywhere: nothing may be downloaded
 
 import copy
-import importlib.util
 import json
 import logging
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import import_script
 from torchtitan.data import (
     HFTokenizer,
     SentencePieceTokenizer,
@@ -498,9 +497,7 @@ def test_check_vocab(sp):
 
 
 def test_shipped_corpus_is_reproducible(capsys):
-    spec = importlib.util.spec_from_file_location("make_assets", REPO / "scripts" / "make_assets.py")
-    make_assets = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_assets)
+    make_assets = import_script("make_assets")
     assert make_assets.main(["--check", "--corpus-only", "--out", str(ASSETS)]) == 0, capsys.readouterr().out
     size = TRAIN.stat().st_size
     assert 2e6 < size < 4e6
@@ -518,17 +515,10 @@ def test_empty_user_file_is_a_clear_error(tmp_path):
 def test_bench_tokenizer_has_llama3_size_and_round_trips(tmp_path):
     """scripts/make_bench_tokenizer.py: a tokenizer.json the 1B-405B flavors accept (128,256 entries, Llama 3's
     BOS/EOS names), trained offline on the debug corpus, that decodes what it encodes."""
-    from conftest import ROOT
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from make_bench_tokenizer import make
-    finally:
-        sys.path.pop(0)
-    tok = build_tokenizer(str(make(tmp_path, 128256)))
+    tok = build_tokenizer(str(import_script("make_bench_tokenizer").make(tmp_path, 128256)))
     assert isinstance(tok, HFTokenizer) and tok.vocab_size == 128256
     assert {tok.bos_id, tok.eos_id} == {0, 1}
-    text = "Lily saw a fluffy rabbit.\n\"Hello!\" said Tom."
+    text = 'Lily saw a fluffy rabbit.\n"Hello!" said Tom.'
     ids = tok.encode(text, bos=True, eos=True)
     assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id and max(ids[1:-1]) < 4096
     assert tok.decode(ids[1:-1]) == text
