@@ -1,6 +1,6 @@
 """Stragglers, memory snapshots, the out-of-memory exit, W&B on every rank, and plot_runs.py, end to end.
 
-Two real runs are shared: a 2-process FSDP run in which a test hook makes rank 1 fetch every batch 1 s late (with
+Two real runs are shared: a 2-process FSDP run in which a test hook makes rank 1 fetch every batch 2 s late (with
 W&B offline on every rank and a memory snapshot of step 2), and a 1-process run that a test hook stops with an
 out-of-memory error at the end of step 2. plot_runs.py then draws both. CUDA-only paths are skipped without CUDA.
 """
@@ -35,6 +35,9 @@ def straggler_run(tmp_path_factory):
         f"--job.dump_folder={out}",
         "--metrics.enable_wandb=true",
         "--metrics.wandb_every_rank=true",
+        # With 2 ranks the factor is 1 + (2.0 - 1.0) / (2.0 + compute s): its size depends on how fast this
+        # machine steps (a loaded CI runner reached 1.197), so the run's threshold sits well below it.
+        "--metrics.straggler_factor=1.05",
         "--profiling.memory_snapshot_steps=4",  # the last step: the profiler does not slow the others
     ]
     r = run_train(2, args, env=env)
@@ -53,13 +56,17 @@ def test_the_log_names_the_straggler(straggler_run):
     out, r = straggler_run
     warnings = [line for line in r.stdout.splitlines() if "straggler: rank" in line]
     assert warnings and all("straggler: rank 1 is " in line for line in warnings), r.stdout[-3000:]
-    assert "(metrics.straggler_factor 1.2)" in warnings[-1] and "data wait 2.0" in warnings[-1]
-    tb = read_tensorboard_scalars(out / "tb")
+    assert "(metrics.straggler_factor 1.05)" in warnings[-1] and "data wait 2.0" in warnings[-1]
+    tb = {k: dict(v) for k, v in read_tensorboard_scalars(out / "tb").items() if k.startswith("stragglers/")}
     for step in (2, 3):  # after the warm-up step, before the profiled one
-        assert dict(tb["stragglers/slowest_rank"])[step] == 1
-        assert dict(tb["stragglers/factor"])[step] > 1.2
-        assert dict(tb["stragglers/slowest_data_s"])[step] >= 2.0
-        assert dict(tb["stragglers/median_data_s"])[step] >= 0.5  # median of 2 ranks: the mean
+        m = {k.split("/")[1]: v[step] for k, v in tb.items()}
+        assert m["slowest_rank"] == 1
+        assert m["slowest_data_s"] >= 2.0
+        assert m["median_data_s"] >= 0.5  # median of 2 ranks: the mean
+        # the factor is the one docs/metrics.md defines, from the logged values (not a timing)
+        lock_step = 1 + (m["slowest_data_s"] - m["median_data_s"]) / m["median_step_s"]
+        assert m["factor"] == pytest.approx(max(m["slowest_step_s"] / m["median_step_s"], lock_step), rel=1e-5)
+        assert m["factor"] > 1.05
     assert "straggler" in (out / "logs" / "rank1.log").read_text()  # every rank logs it
 
 
