@@ -14,7 +14,9 @@ on CPU, the caching allocator's max reserved on CUDA (torchtitan/metrics/memory.
 
 The bare loop is what a user would write by hand, in its own process(es) like the trainer: the same Transformer
 and init, the same data stream and loss, torch's AdamW with the trainer's kernel choice (optimizer.implementation)
-and torch.nn.utils.clip_grad_norm_. One process: fp32 master weights, bf16 autocast when the config asks for bf16
+and torch.nn.utils.clip_grad_norm_, and the same matmul kernels (on a CPU without bf16 instructions a bf16 model
+gets the trainer's fp32-kernel linears and attention, torchtitan/parallel/cpu_bf16.py, so the ratio measures
+the framework and not the kernels). One process: fp32 master weights, bf16 autocast when the config asks for bf16
 parameters. N processes (torchrun, gloo on CPU): fully_shard on every block and the root, a MixedPrecisionPolicy
 from the config, FSDP's default gradient averaging with a mean loss. Ratio = trainer / bare, per alternating pair.
 """
@@ -92,6 +94,7 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
     from torchtitan.metrics.memory import MemoryMonitor
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel import local_coords
+    from torchtitan.parallel.cpu_bf16 import apply_cpu_bf16_kernels, fp32_kernels_apply
 
     cfg = parse_args([CONFIG, *overrides])
     t, o = cfg.training, cfg.optimizer
@@ -103,9 +106,14 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
     torch.manual_seed(t.seed)
     bf16 = t.mixed_precision_param == "bfloat16"
     model_cls, model_args = get_model_class(cfg.model.name), model_args_from_config(cfg.model, t.seq_len)
+    kernels = fp32_kernels_apply(
+        device.type, torch.bfloat16 if bf16 else torch.float32, t.cpu_bf16_fp32_kernels
+    )
     if world == 1:
         model = model_cls(model_args).to(device)
         model.init_weights(t.seed)
+        if kernels:
+            apply_cpu_bf16_kernels(model)
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -114,6 +122,8 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
         mesh = init_device_mesh(device.type, (world,))
         with torch.device("meta"):
             model = model_cls(model_args)
+        if kernels:
+            apply_cpu_bf16_kernels(model)
         mp = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if bf16 else torch.float32,
             reduce_dtype=torch.bfloat16 if t.mixed_precision_reduce == "bfloat16" else torch.float32,

@@ -124,19 +124,20 @@ def test_a_measured_peak_is_raised_to_a_faster_achieved_rate_and_says_so():
         assert raise_measured_peak(fixed, 1200.0, step=5) == (fixed, None)
 
 
-def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(monkeypatch):
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about_with_torch_kernels(monkeypatch):
     monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    warning = cpu_bf16_warning("cpu", torch.bfloat16)
-    assert "no AVX512-BF16, no AMX" in warning and "mixed_precision_param=float32" in warning
-    assert cpu_bf16_warning("cpu", torch.float32) is None
-    assert cpu_bf16_warning("cuda", torch.bfloat16) is None
+    warning = cpu_bf16_warning("cpu", torch.bfloat16, fp32_kernels=False)
+    assert "no AVX512-BF16, no AMX" in warning and "cpu_bf16_fp32_kernels=false" in warning
+    assert cpu_bf16_warning("cpu", torch.bfloat16, fp32_kernels=True) is None  # the fast path is in use
+    assert cpu_bf16_warning("cpu", torch.float32, fp32_kernels=False) is None
+    assert cpu_bf16_warning("cuda", torch.bfloat16, fp32_kernels=False) is None
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
-    assert cpu_bf16_warning("cpu", torch.bfloat16) is None
+    assert cpu_bf16_warning("cpu", torch.bfloat16, fp32_kernels=False) is None
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(hardware.platform, "machine", lambda: "aarch64")  # capability not reported: no claim
-    assert cpu_bf16_warning("cpu", torch.bfloat16) is None
+    assert cpu_bf16_warning("cpu", torch.bfloat16, fp32_kernels=False) is None
 
 
 def test_override_wins(monkeypatch):

@@ -65,7 +65,9 @@ def test_the_log_names_the_straggler(straggler_run):
         assert m["median_data_s"] >= 0.5  # median of 2 ranks: the mean
         # the factor is the one docs/metrics.md defines, from the logged values (not a timing)
         lock_step = 1 + (m["slowest_data_s"] - m["median_data_s"]) / m["median_step_s"]
-        assert m["factor"] == pytest.approx(max(m["slowest_step_s"] / m["median_step_s"], lock_step), rel=1e-5)
+        assert m["factor"] == pytest.approx(
+            max(m["slowest_step_s"] / m["median_step_s"], lock_step), rel=1e-5
+        )
         assert m["factor"] > 1.05
     assert "straggler" in (out / "logs" / "rank1.log").read_text()  # every rank logs it
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import TINY, run_train
-from torchtitan.metrics import cpu_bf16_warning, read_tensorboard_scalars
+from torchtitan.metrics import read_tensorboard_scalars
+from torchtitan.parallel.cpu_bf16 import fp32_kernels_apply
 
 DOCUMENTED_TAGS = [
     "loss/global_avg",
@@ -78,12 +79,15 @@ def test_loss_falls_and_tensorboard_has_documented_tags(fsdp2_run):
     )
 
 
-def test_the_header_warns_about_emulated_bf16_exactly_where_it_applies(fsdp2_run):
-    """The run is bf16 on CPU: rank 0's console has the warning once if this CPU lacks bf16 instructions, else
-    never (torch reports the capability; the unit test covers both answers)."""
+def test_bf16_on_this_cpu_says_which_kernels_and_peak_it_uses(fsdp2_run):
+    """The run is bf16 on CPU. Where this CPU lacks bf16 instructions, rank 0 says once that matmuls and attention
+    run in fp32 kernels and MFU is against the fp32 matmul calibration; else neither (torch reports the
+    capability; tests/test_cpu_bf16.py covers the kernels, test_metrics_units the warning without them)."""
     _, r = fsdp2_run
-    expected = 1 if cpu_bf16_warning("cpu", torch.bfloat16) else 0
-    assert (r.stdout + r.stderr).count("bf16 compute on a CPU without bf16 instructions") == expected
+    lacks = fp32_kernels_apply("cpu", torch.bfloat16)
+    assert r.stdout.count("matmuls and attention run in fp32 kernels") == int(lacks)
+    assert f"1024^3 {'fp32' if lacks else 'bf16'} matmul calibration on cpu" in r.stdout
+    assert "bf16 compute on a CPU without bf16 instructions" not in r.stdout + r.stderr
 
 
 def test_jsonl_matches_tensorboard(fsdp2_run):

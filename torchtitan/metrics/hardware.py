@@ -212,23 +212,29 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def cpu_bf16_warning(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """The run-header warning for bf16 compute on an x86 CPU without bf16 instructions (AVX512-BF16 or AMX),
-    where torch emulates bf16 matmuls in fp32 arithmetic plus conversions; None otherwise (other devices, other
-    architectures, whose capability torch does not report)."""
-    if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
-        return None
+def cpu_lacks_bf16_instructions() -> bool:
+    """True on an x86 CPU without AVX512-BF16 and AMX; False elsewhere (other architectures, whose capability
+    torch does not report, and torch builds without the probes)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None
+        return False
     checks = [
         getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     ]
-    if None in checks or any(check() for check in checks):
+    return None not in checks and not any(check() for check in checks)
+
+
+def cpu_bf16_warning(device: torch.device | str, dtype: torch.dtype, fp32_kernels: bool) -> str | None:
+    """The run-header warning for bf16 compute on an x86 CPU without bf16 instructions (AVX512-BF16 or AMX)
+    when the run uses torch's bf16 kernels there (training.cpu_bf16_fp32_kernels=false), which emulate bf16
+    matmuls in fp32 arithmetic plus conversions; None otherwise."""
+    if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or fp32_kernels:
+        return None
+    if not cpu_lacks_bf16_instructions():
         return None
     return (
-        f"bf16 compute on a CPU without bf16 instructions ({_cpu_name()}: no AVX512-BF16, no AMX): torch"
-        " emulates the bf16 matmuls, slower than fp32 here (2.6-2.8x for the debug model on the CPU of"
-        " docs/performance.md); training.mixed_precision_param=float32 is the faster choice on this machine"
+        f"bf16 compute on a CPU without bf16 instructions ({_cpu_name()}: no AVX512-BF16, no AMX) with"
+        " training.cpu_bf16_fp32_kernels=false: torch emulates the bf16 matmuls, 2-5x slower than its fp32"
+        " kernels here (docs/performance.md)"
     )
 
 

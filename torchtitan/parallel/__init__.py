@@ -15,6 +15,7 @@ from torchtitan.quantize.float8 import convert_to_float8
 from .activation_checkpoint import apply_ac
 from .attention import apply_gqa_choice
 from .compile import apply_compile
+from .cpu_bf16 import apply_cpu_bf16_kernels, fp32_kernels_apply
 from .dims import ParallelDims
 from .distributed import init_distributed, pick_device, set_collective_timeout
 from .fsdp import apply_fsdp
@@ -42,6 +43,7 @@ def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Mod
     """Apply parallelism to a model built on the meta device, in this fixed order (docs/parallelism.md):
 
         1. float8 conversion of linear layers                          - torchao; swaps nn.Linear modules
+           or, bf16 on a CPU without bf16 instructions, fp32 kernels      - cpu_bf16.py; swaps nn.Linear classes
         2. tensor parallel (+ sequence/loss parallel)  on mesh "tp"
         3. activation checkpointing                                    - wraps blocks
         4. torch.compile per block                                     - compiles the wrapped block
@@ -59,7 +61,11 @@ def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Mod
     device_type = dims.mesh("world").device_type
     if cfg.float8.enable:
         convert_to_float8(model, cfg)  # imports torchao (optional) only here
-    apply_gqa_choice(model, device_type, DTYPES[t.mixed_precision_param])
+    kernel_dtype = DTYPES[t.mixed_precision_param]  # what the attention kernel computes in
+    if fp32_kernels_apply(device_type, kernel_dtype, t.cpu_bf16_fp32_kernels):
+        apply_cpu_bf16_kernels(model)
+        kernel_dtype = torch.float32
+    apply_gqa_choice(model, device_type, kernel_dtype)
     if dims.tp_enabled:
         apply_tp(model, dims.mesh("tp"), p.enable_sequence_parallel, p.enable_loss_parallel)
     apply_ac(model, cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option)

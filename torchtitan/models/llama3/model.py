@@ -165,6 +165,9 @@ class Attention(nn.Module):
     """
 
     native_gqa = True
+    # The training path's attention kernel: None is F.scaled_dot_product_attention; the parallel code may set a
+    # drop-in with its signature (torchtitan/parallel/cpu_bf16.py on CPUs without bf16 instructions).
+    sdpa = None
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -194,9 +197,8 @@ class Attention(nn.Module):
         gqa = self.n_rep > 1 and self.native_gqa
         if self.n_rep > 1 and not gqa:
             k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=gqa
-        )
+        sdpa = self.sdpa or F.scaled_dot_product_attention  # looked up per call: context parallel patches F's
+        out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
     def _forward_cached(self, q, k, v, freqs_cis: torch.Tensor, step: CacheStep) -> torch.Tensor:
@@ -273,6 +275,9 @@ def normalize_fqn(fqn: str) -> str:
 
 
 class Transformer(nn.Module):
+    # The tied output projection's kernel: None is F.linear; the parallel code may set a drop-in (as Attention.sdpa)
+    tied_linear = None
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
@@ -312,7 +317,7 @@ class Transformer(nn.Module):
         if self.args.tie_embeddings:
             if self.tok_embeddings is None:
                 raise RuntimeError("tied output projection needs tok_embeddings in the same module (stage)")
-            return F.linear(h, self.tok_embeddings.weight)
+            return (self.tied_linear or F.linear)(h, self.tok_embeddings.weight)
         return h
 
     def setup_kv_cache(self, max_len: int | None) -> None:

@@ -1,0 +1,121 @@
+"""bf16 compute on a CPU without bf16 instructions: fp32 kernels on operands rounded to bf16.
+
+x86 CPUs without AVX512-BF16 or AMX (AMD before Zen 4, Intel before Cooper Lake) have no bf16 arithmetic, and
+torch's bf16 matmul and flash-attention kernels for them convert inside and run 2-5x slower than its fp32
+kernels on the same operands (docs/performance.md). A bf16 matmul's contract is: operands rounded to bf16,
+products and sums in fp32, the result rounded to bf16. An fp32 kernel on the operands rounded to bf16 and widened
+back keeps it: widening is exact, a product of two bf16 values is exact in fp32, the sums are fp32 and the
+result is rounded to bf16 -- only the order of the sums differs, as it does between any two kernels.
+
+`apply_cpu_bf16_kernels(model)` sends the model's bf16 matmuls and attention that way: every plain nn.Linear
+becomes an `Fp32KernelLinear` (same parameters and state-dict keys), and every Attention block and a tied output
+projection get drop-in kernels (`Attention.sdpa`, `Transformer.tied_linear`). They act where the operands are
+bf16 (FSDP's bf16 parameters) or autocast would make them bf16 (one data-parallel rank), on plain CPU tensors;
+anything else (fp32 runs, DTensor operands under tensor parallelism, a bias) takes torch's own kernel.
+
+- Linear: forward and backward in fp32 kernels, the incoming gradient and both outgoing gradients rounded to
+  bf16 as in a bf16 backward; it keeps the bf16 operands for backward (the memory autocast's bf16 weight copies
+  and activations take), and widens them again there.
+- Attention: SDPA in fp32 on the bf16-rounded q/k/v, output rounded to bf16. Unlike torch's bf16 CPU kernel it
+  keeps the softmax probabilities in fp32 before the product with V (at least as accurate), and autograd keeps
+  its inputs in fp32 for backward (twice the bf16 kernel's saved q/k/v/output).
+
+On by default where it applies (`training.cpu_bf16_fp32_kernels`); MFU is then measured against this CPU's fp32
+matmul rate, the kernels the run uses (docs/metrics.md). CUDA and CPUs with bf16 instructions never use it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from torchtitan.log import logger
+from torchtitan.metrics.hardware import cpu_lacks_bf16_instructions
+
+BF16 = torch.bfloat16
+
+
+def fp32_kernels_apply(device_type: str, dtype: torch.dtype, enabled: bool = True) -> bool:
+    """Whether a run on `device_type` computing in `dtype` uses this module's kernels (the one rule: the trainer,
+    its MFU peak and the estimator's calibration all ask here)."""
+    return enabled and device_type == "cpu" and dtype == BF16 and cpu_lacks_bf16_instructions()
+
+
+def _applies(*tensors: torch.Tensor) -> bool:
+    """Plain CPU tensors whose computation is bf16: bf16 operands, or autocast to bf16 active."""
+    if any(isinstance(t, DTensor) or t.device.type != "cpu" for t in tensors):
+        return False
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16:
+        return True
+    return any(t.dtype == BF16 for t in tensors)
+
+
+class _LinearInFp32(torch.autograd.Function):
+    """y = round_bf16(x) @ round_bf16(w).T in an fp32 kernel, rounded to bf16; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xb, wb = x.to(BF16), w.to(BF16)
+        ctx.save_for_backward(xb, wb)
+        ctx.dtypes = (x.dtype, w.dtype)
+        return F.linear(xb.float(), wb.float()).to(BF16)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        xb, wb = ctx.saved_tensors
+        x_dtype, w_dtype = ctx.dtypes
+        g = grad.to(BF16).float()
+        grad_x = grad_w = None
+        with torch.autocast("cpu", enabled=False):
+            if ctx.needs_input_grad[0]:
+                grad_x = (g @ wb.float()).to(BF16).to(x_dtype)
+            if ctx.needs_input_grad[1]:
+                grad_w = (g.flatten(0, -2).t() @ xb.flatten(0, -2).float()).to(BF16).to(w_dtype)
+        return grad_x, grad_w
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, with bf16 computation through fp32 kernels where it applies."""
+    if bias is not None or not _applies(x, weight):
+        return F.linear(x, weight, bias)
+    with torch.autocast("cpu", enabled=False):
+        return _LinearInFp32.apply(x, weight)
+
+
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """F.scaled_dot_product_attention, with bf16 computation through the fp32 kernel where it applies."""
+    if not _applies(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with torch.autocast("cpu", enabled=False):
+        out = F.scaled_dot_product_attention(
+            q.to(BF16).float(), k.to(BF16).float(), v.to(BF16).float(), **kwargs
+        )
+    return out.to(BF16)
+
+
+class Fp32KernelLinear(nn.Linear):
+    """nn.Linear whose bf16 computation runs in fp32 kernels (module docstring); same parameters and keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def apply_cpu_bf16_kernels(model: nn.Module) -> int:
+    """Route `model`'s linear layers, attention and tied output projection through this module's kernels.
+    Returns the number of linear layers swapped."""
+    swapped = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:  # exact type: float8 or other converted linears keep their own forward
+            module.__class__ = Fp32KernelLinear
+            swapped += 1
+        if hasattr(module, "sdpa"):
+            module.sdpa = scaled_dot_product_attention
+        if hasattr(module, "tied_linear"):
+            module.tied_linear = linear
+    logger.info(
+        "bf16 on a CPU without bf16 instructions: matmuls and attention run in fp32 kernels on operands rounded"
+        " to bf16, results rounded to bf16 (training.cpu_bf16_fp32_kernels; docs/parallelism.md)"
+    )
+    return swapped
