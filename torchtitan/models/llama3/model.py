@@ -197,7 +197,8 @@ class Attention(nn.Module):
         gqa = self.n_rep > 1 and self.native_gqa
         if self.n_rep > 1 and not gqa:
             k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
-        sdpa = self.sdpa or F.scaled_dot_product_attention  # looked up per call: context parallel patches F's
+        # F's function is looked up at each call, as context parallel needs
+        sdpa = self.sdpa or F.scaled_dot_product_attention
         out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
