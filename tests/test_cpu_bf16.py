@@ -19,7 +19,12 @@ from conftest import TINY, run_train
 from torchtitan.metrics import hardware
 from torchtitan.models.llama3 import ModelArgs, Transformer
 from torchtitan.parallel import cpu_bf16
-from torchtitan.parallel.cpu_bf16 import Fp32KernelLinear, apply_cpu_bf16_kernels, fp32_kernels_apply
+from torchtitan.parallel.cpu_bf16 import (
+    Fp32KernelLinear,
+    apply_cpu_bf16_kernels,
+    fp32_kernels_apply,
+    matmul_dtype,
+)
 
 BF16 = torch.bfloat16
 
@@ -146,8 +151,12 @@ def test_where_the_trainer_uses_them(monkeypatch):
     monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    assert fp32_kernels_apply("cpu", BF16)
-    assert not fp32_kernels_apply("cpu", BF16, enabled=False)
+    assert fp32_kernels_apply("cpu", BF16) and matmul_dtype("cpu", BF16) == torch.float32
+    assert (
+        not fp32_kernels_apply("cpu", BF16, enabled=False)
+        and matmul_dtype("cpu", BF16, enabled=False) == BF16
+    )
+    assert matmul_dtype("cuda", BF16) == BF16 and matmul_dtype("cpu", torch.float32) == torch.float32
     assert not fp32_kernels_apply("cpu", torch.float32)
     assert not fp32_kernels_apply("cuda", BF16)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # native bf16 instructions

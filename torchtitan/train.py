@@ -55,7 +55,7 @@ from torchtitan.parallel import (
 )
 from torchtitan.parallel.compile import maybe_compile_loss
 from torchtitan.parallel.context import build_cp_context
-from torchtitan.parallel.cpu_bf16 import fp32_kernels_apply
+from torchtitan.parallel.cpu_bf16 import matmul_dtype
 from torchtitan.parallel.distributed import check_node_count, launch_world
 from torchtitan.profiling import EXIT_OOM, Profiler, oom_message, write_oom_snapshot
 from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
@@ -245,9 +245,9 @@ def train(cfg: JobConfig) -> int:
 
     flops_per_token = model_args.flops_per_token(t.seq_len, causal=cfg.metrics.causal_flops)
     compute_dtype = torch.bfloat16 if t.mixed_precision_param == "bfloat16" else torch.float32
-    fp32_kernels = fp32_kernels_apply(device.type, compute_dtype, t.cpu_bf16_fp32_kernels)
     # MFU is measured against the matmul kernels the run uses (fp32 ones for bf16 on a CPU without bf16)
-    peak = resolve_peak(device, torch.float32 if fp32_kernels else compute_dtype, cfg.metrics.peak_tflops)
+    kernel_dtype = matmul_dtype(device.type, compute_dtype, t.cpu_bf16_fp32_kernels)
+    peak = resolve_peak(device, kernel_dtype, cfg.metrics.peak_tflops)
     metrics = MetricsProcessor(
         cfg=cfg,
         dims=dims,
@@ -282,7 +282,7 @@ def train(cfg: JobConfig) -> int:
     for line in header:
         logger.info(line)
     metrics.write_text("run/header", "\n\n".join(header))
-    if note := cpu_bf16_warning(device, compute_dtype, fp32_kernels):
+    if note := cpu_bf16_warning(device, compute_dtype, fp32_kernels=kernel_dtype != compute_dtype):
         logger.warning(note)
 
     # Python's cyclic GC can pause a rank for ~100 ms at random steps; collect at fixed steps instead, on all ranks.

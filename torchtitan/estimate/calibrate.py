@@ -180,11 +180,11 @@ def runtime_rss_gib(argv: list[str]) -> float | None:
 
 def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibration:
     from torchtitan.metrics.hardware import calibrate_tflops
-    from torchtitan.parallel.cpu_bf16 import fp32_kernels_apply
+    from torchtitan.parallel.cpu_bf16 import matmul_dtype
 
+    # the kernels such a run uses (fp32 for bf16 on a CPU without bf16 instructions: parallel/cpu_bf16.py)
     dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
-    if fp32_kernels_apply(device.type, dtype, plan.cfg.training.cpu_bf16_fp32_kernels):
-        dtype = torch.float32  # the kernels such a run uses (torchtitan/parallel/cpu_bf16.py)
+    dtype = matmul_dtype(device.type, dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
     cal = Calibration(device=str(device))
     cal.matmul_peak_tflops = calibrate_tflops(device, dtype, seconds=seconds)
     for shape in gemm_shapes(plan):

@@ -15,7 +15,7 @@ from torchtitan.quantize.float8 import convert_to_float8
 from .activation_checkpoint import apply_ac
 from .attention import apply_gqa_choice
 from .compile import apply_compile
-from .cpu_bf16 import apply_cpu_bf16_kernels, fp32_kernels_apply
+from .cpu_bf16 import apply_cpu_bf16_kernels, matmul_dtype
 from .dims import ParallelDims
 from .distributed import init_distributed, pick_device, set_collective_timeout
 from .fsdp import apply_fsdp
@@ -61,10 +61,10 @@ def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Mod
     device_type = dims.mesh("world").device_type
     if cfg.float8.enable:
         convert_to_float8(model, cfg)  # imports torchao (optional) only here
-    kernel_dtype = DTYPES[t.mixed_precision_param]  # what the attention kernel computes in
-    if fp32_kernels_apply(device_type, kernel_dtype, t.cpu_bf16_fp32_kernels):
+    compute_dtype = DTYPES[t.mixed_precision_param]
+    kernel_dtype = matmul_dtype(device_type, compute_dtype, t.cpu_bf16_fp32_kernels)
+    if kernel_dtype != compute_dtype:
         apply_cpu_bf16_kernels(model)
-        kernel_dtype = torch.float32
     apply_gqa_choice(model, device_type, kernel_dtype)
     if dims.tp_enabled:
         apply_tp(model, dims.mesh("tp"), p.enable_sequence_parallel, p.enable_loss_parallel)

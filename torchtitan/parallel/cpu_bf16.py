@@ -43,6 +43,12 @@ def fp32_kernels_apply(device_type: str, dtype: torch.dtype, enabled: bool = Tru
     return enabled and device_type == "cpu" and dtype == BF16 and cpu_lacks_bf16_instructions()
 
 
+def matmul_dtype(device_type: str, dtype: torch.dtype, enabled: bool = True) -> torch.dtype:
+    """The dtype the run's matmul and attention kernels compute in: float32 where this module's kernels apply,
+    else the compute dtype itself (what MFU calibrates and the SDPA backend probe ask about)."""
+    return torch.float32 if fp32_kernels_apply(device_type, dtype, enabled) else dtype
+
+
 def _applies(*tensors: torch.Tensor) -> bool:
     """Plain CPU tensors whose computation is bf16: bf16 operands, or autocast to bf16 active."""
     if any(isinstance(t, DTensor) or t.device.type != "cpu" for t in tensors):
