@@ -405,3 +405,45 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     assert data["memory_breakdown_gib"]["allocator_and_comm_overhead"] == pytest.approx(
         cal["runtime_rss_gib"]
     )
+
+
+_UNEVEN_RANKS = """
+import sys, time
+import torch, torch.distributed as dist
+from torchtitan.estimate.calibrate import _median_time
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+calls, x = [0], torch.ones(4)
+def fn():  # a collective; rank 1 then works 20 ms longer, so the two ranks' clocks disagree after it
+    dist.all_reduce(x)
+    calls[0] += 1
+    if rank == 1:
+        time.sleep(0.02)
+for seconds in (0.05, 0.1, 0.2):
+    _median_time(fn, torch.device("cpu"), seconds)
+counts = [None, None]
+dist.all_gather_object(counts, calls[0])
+print(counts)
+dist.destroy_process_group()
+"""
+
+
+def test_median_time_makes_every_process_call_a_collective_equally_often(tmp_path):
+    """Calibration times collectives by calling them repeatedly for about `seconds`: every process must stop after
+    the same call, or one waits in (or loses its peer mid-) a collective the others never enter (a CI failure:
+    'Connection closed by peer' in the 2-process calibration)."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _UNEVEN_RANKS, str(r), str(tmp_path / "store")], cwd=ROOT,
+                         env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in (0, 1)
+    ]  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    counts = json.loads(outs[0][0].strip().splitlines()[-1])
+    # 3 timings, each a warm-up, a probe and at least 3 timed calls
+    assert counts[0] == counts[1] and counts[0] >= 3 * (2 + 3), counts

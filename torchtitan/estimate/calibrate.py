@@ -45,10 +45,17 @@ def _median_time(fn, device: torch.device, seconds: float, min_reps: int = 3) ->
 
     fn()
     _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    # How many calls fit in `seconds`. Every process must make the same number: fn may be a collective, and a
+    # process that stopped on its own clock would leave the others waiting in one (or tear down under them).
+    reps = torch.tensor([max(min_reps, int(seconds / max(time.perf_counter() - t0, 1e-9)))], device=device)
     if dist.is_initialized():
+        dist.all_reduce(reps, op=dist.ReduceOp.MAX)
         dist.barrier()  # every process measures at the same time, sharing cores and memory as in the run
-    times, deadline = [], time.perf_counter() + seconds
-    while len(times) < min_reps or time.perf_counter() < deadline:
+    times = []
+    for _ in range(int(reps)):
         t0 = time.perf_counter()
         fn()
         _sync(device)
