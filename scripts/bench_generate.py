@@ -3,6 +3,10 @@
     python scripts/bench_generate.py --shape debug --batch 1 8 --repeat 5
     python scripts/bench_generate.py --shape 1B --layers 4 --batch 1 4 --repeat 3
     python scripts/bench_generate.py --shape debug --batch 8 --variants ours ours-int8 ours-int8-compile
+    python scripts/bench_generate.py --shape 1B --layers 2 --batch 1 4 --variants ours ours-torch-kernels
+
+Our variants load as scripts/generate.py does: bf16 on a CPU without bf16 instructions takes the kernels of
+torchtitan/parallel/cpu_bf16.py (training.cpu_bf16_fp32_kernels); `ours-torch-kernels` is ours with them off.
 
 One random LlamaForCausalLM (transformers' own init) is built for the shape; our model gets the same tensors
 through the converter (torchtitan/checkpoint_hf.py), in the same dtype, on the same threads. Every prompt has
@@ -33,10 +37,10 @@ import torch  # noqa: E402
 
 from torchtitan.checkpoint_hf import hf_config_from_model_args, hf_to_ours  # noqa: E402
 from torchtitan.generate import generate, make_decode_step, quantize_weights  # noqa: E402
-from torchtitan.generate.loader import DTYPES, model_from_state_dict  # noqa: E402
+from torchtitan.generate.loader import DTYPES, model_from_state_dict, use_cpu_bf16_kernels  # noqa: E402
 from torchtitan.models.llama3 import get_model_args  # noqa: E402
 
-VARIANTS = ("ours", "ours-int8", "ours-compile", "ours-int8-compile", "hf")
+VARIANTS = ("ours", "ours-int8", "ours-compile", "ours-int8-compile", "ours-torch-kernels", "hf")
 
 
 def build(shape: str, layers: int | None, dtype: torch.dtype, variants: list[str], device: torch.device):
@@ -57,6 +61,8 @@ def build(shape: str, layers: int | None, dtype: torch.dtype, variants: list[str
         model = model_from_state_dict(args, sd, device, dtype)
         if "int8" in v:
             quantize_weights(model, "int8")
+        # as scripts/generate.py does (bf16 on a CPU without bf16 instructions; "torch-kernels": switched off)
+        use_cpu_bf16_kernels(model, device, dtype, enabled="torch-kernels" not in v)
         models[v] = (model, make_decode_step(model, compile="compile" in v))
     return args, models
 

@@ -20,8 +20,10 @@ from torchtitan.metrics import hardware
 from torchtitan.models.llama3 import ModelArgs, Transformer
 from torchtitan.parallel import cpu_bf16
 from torchtitan.parallel.cpu_bf16 import (
+    ONEDNN_MIN_WEIGHT,
     Fp32KernelLinear,
     apply_cpu_bf16_kernels,
+    few_rows_kernel,
     fp32_kernels_apply,
     matmul_dtype,
 )
@@ -90,6 +92,39 @@ def test_fp32_compute_and_bias_take_torch_kernels(operands):
     with torch.autocast("cpu", BF16):
         out = cpu_bf16.linear(x, w, bias)
         assert torch.equal(out, F.linear(x, w, bias))
+
+
+def test_few_rows_without_autograd_take_the_kernel_that_streams_the_weight():
+    """Generation's decode steps: oneDNN's bf16 matmul for large weights, torch's bf16 kernel for small ones (its
+    call overhead is lower), the fp32 kernel from 64 rows on and whenever autograd records."""
+    big, small = torch.empty(ONEDNN_MIN_WEIGHT // 64, 64), torch.empty(48, 64)
+    decode, prefill = torch.empty(8, 1, 64), torch.empty(2, 32, 64)
+    assert few_rows_kernel(decode, big) == ("onednn" if cpu_bf16._ONEDNN else "torch")
+    assert few_rows_kernel(decode, small) == "torch"
+    assert few_rows_kernel(prefill, big) is None and few_rows_kernel(prefill, small) is None
+
+
+@pytest.mark.skipif(not cpu_bf16._ONEDNN, reason="this torch build has no oneDNN")
+def test_onednn_kernel_keeps_the_bf16_contract():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 2048, generator=g).to(BF16)[:, -1:]  # the last position of each row: a strided view
+    w = torch.randn(ONEDNN_MIN_WEIGHT // 2048, 2048, generator=g).to(BF16)
+    with torch.no_grad():
+        ours, ref = cpu_bf16.linear(x, w), F.linear(x, w)
+    exact = F.linear(x.float(), w.float())
+    assert ours.dtype == BF16 and ours.shape == ref.shape == (3, 1, w.shape[0])
+    assert torch.equal(ours, torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], ""))
+    assert not torch.equal(ours, ref)  # a different kernel (so the check above tells which one ran) ...
+    within_bf16_rounding(ours, ref)  # ... with the same contract: fp32 sums of bf16 products, rounded to bf16
+    within_bf16_rounding(ours, exact)
+    assert not torch.equal(ours.float(), exact)
+    # autograd recording: the fp32 kernel, which has a backward
+    out = cpu_bf16.linear(x, w.clone().requires_grad_())
+    assert "LinearInFp32" in type(out.grad_fn).__name__
+    # compiled (generate --compile): the same numbers, through an op Inductor leaves alone
+    compiled = torch.compile(cpu_bf16.linear, fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(x, w), ours)
 
 
 def test_attention_is_as_close_to_exact_as_torch_bf16_kernel():
@@ -185,3 +220,43 @@ def test_trainer_losses_with_and_without_them(tmp_path):
         losses[on] = [float(x) for x in re.findall(r"loss\s+([\d.]+)", r.stdout)]
     assert len(losses["true"]) == 3
     assert losses["true"] == pytest.approx(losses["false"], rel=2e-3)
+
+
+def test_generation_uses_them_where_training_does(monkeypatch):
+    """scripts/generate.py's loader: the same rule as the trainer; the tied head's logits of a decode step stay
+    within bf16 rounding of torch's kernels; torchao's quantized weights keep torchao's kernels."""
+    from torchtitan.generate.loader import quantize_weights, use_cpu_bf16_kernels
+
+    monkeypatch.setattr(hardware, "cpu_lacks_bf16_instructions", lambda: True)
+    monkeypatch.setattr(cpu_bf16, "cpu_lacks_bf16_instructions", lambda: True)
+    cpu = torch.device("cpu")
+    args = ModelArgs(
+        dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=ONEDNN_MIN_WEIGHT // 64, max_seq_len=16
+    )
+    args.tie_embeddings = True
+    torch.manual_seed(0)
+    native = Transformer(args)
+    native.init_weights(0)
+    native = native.to(BF16).eval().requires_grad_(False)
+    model = copy.deepcopy(native)
+    assert not use_cpu_bf16_kernels(model, cpu, torch.float32, enabled=True)
+    assert not use_cpu_bf16_kernels(model, cpu, BF16, enabled=False)
+    assert not use_cpu_bf16_kernels(model, torch.device("cuda"), BF16, enabled=True)
+    assert type(model.layers["0"].attention.wq) is nn.Linear and model.tied_linear is None
+    assert use_cpu_bf16_kernels(model, cpu, BF16, enabled=True)
+    assert model.tied_linear is cpu_bf16.linear and isinstance(
+        model.layers["0"].attention.wq, Fp32KernelLinear
+    )
+    tokens = torch.randint(0, args.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, ref = model(tokens).float(), native(tokens).float()  # 8 rows: oneDNN for the tied head
+    # attention (fp32 probabilities here, bf16 in torch's kernel) and the head's sums differ in rounding only
+    assert 0 < (ours - ref).abs().max().item() <= 2.0**-7 * ref.abs().max().item()
+    pytest.importorskip("torchao")
+    quantized = copy.deepcopy(native)
+    quantize_weights(quantized, "int8")
+    assert use_cpu_bf16_kernels(quantized, cpu, BF16, enabled=True)
+    with torch.no_grad():
+        h = quantized.tok_embeddings(tokens)
+        wq = quantized.layers["0"].attention.wq
+        assert torch.equal(wq(h), F.linear(h, wq.weight))  # torchao's int8 kernel, not ours

@@ -113,7 +113,8 @@ class Training:
         True,
         "bf16 on a CPU without bf16 instructions (no AVX512-BF16/AMX): run matmuls and attention in fp32 kernels"
         " on operands rounded to bf16, results rounded to bf16 (2-5x faster there than torch's bf16 kernels;"
-        " docs/parallelism.md); ignored on GPUs and CPUs with bf16 instructions",
+        " docs/parallelism.md); generation too, with oneDNN's bf16 matmul for decode steps' few rows"
+        " (docs/generate.md); ignored on GPUs and CPUs with bf16 instructions",
     )
     gc_freq: int = opt(
         50, "run Python garbage collection every N steps (automatic GC is disabled); 0 = leave GC on"

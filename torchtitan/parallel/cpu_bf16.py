@@ -11,11 +11,17 @@ result is rounded to bf16 -- only the order of the sums differs, as it does betw
 becomes an `Fp32KernelLinear` (same parameters and state-dict keys), and every Attention block and a tied output
 projection get drop-in kernels (`Attention.sdpa`, `Transformer.tied_linear`). They act where the operands are
 bf16 (FSDP's bf16 parameters) or autocast would make them bf16 (one data-parallel rank), on plain CPU tensors;
-anything else (fp32 runs, DTensor operands under tensor parallelism, a bias) takes torch's own kernel.
+anything else (fp32 runs, tensor subclasses such as DTensor or quantized weights, a bias) takes torch's own
+kernel.
 
 - Linear: forward and backward in fp32 kernels, the incoming gradient and both outgoing gradients rounded to
   bf16 as in a bf16 backward; it keeps the bf16 operands for backward (the memory autocast's bf16 weight copies
   and activations take), and widens them again there.
+- Linear without autograd and with fewer than 64 rows (generation's decode steps, which
+  torchtitan/generate/loader.py sends here too): one pass over the weight decides the speed, and widening a
+  whole weight to fp32 for a few rows would cost more than the product. Weights of 2M elements or more go to
+  oneDNN's bf16 matmul (fp32 sums, bf16 result: the same contract), which streams them 1.2-2x faster than torch's
+  bf16 kernel here; smaller ones to torch's own bf16 kernel, faster than oneDNN's call overhead.
 - Attention: SDPA in fp32 on the bf16-rounded q/k/v, output rounded to bf16. Unlike torch's bf16 CPU kernel it
   keeps the softmax probabilities in fp32 before the product with V (at least as accurate), and autograd keeps
   its inputs in fp32 for backward (twice the bf16 kernel's saved q/k/v/output).
@@ -29,7 +35,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from torchtitan.log import logger
 from torchtitan.metrics.hardware import cpu_lacks_bf16_instructions
@@ -49,13 +54,19 @@ def matmul_dtype(device_type: str, dtype: torch.dtype, enabled: bool = True) -> 
     return torch.float32 if fp32_kernels_apply(device_type, dtype, enabled) else dtype
 
 
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
 def _applies(*tensors: torch.Tensor) -> bool:
-    """Plain CPU tensors whose computation is bf16: bf16 operands, or autocast to bf16 active."""
-    if any(isinstance(t, DTensor) or t.device.type != "cpu" for t in tensors):
-        return False
-    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16:
-        return True
-    return any(t.dtype == BF16 for t in tensors)
+    """Plain CPU tensors whose computation is bf16: bf16 operands, or autocast to bf16 active. Tensor subclasses
+    (DTensor under tensor parallelism, torchao's quantized or float8 weights) keep their own kernels. (Plain
+    loops: this runs for every linear of every decode step, where microseconds show.)"""
+    bf16 = False
+    for t in tensors:
+        if type(t) not in _PLAIN or not t.is_cpu:
+            return False
+        bf16 = bf16 or t.dtype == BF16
+    return bf16 or (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16)
 
 
 class _LinearInFp32(torch.autograd.Function):
@@ -82,12 +93,53 @@ class _LinearInFp32(torch.autograd.Function):
         return grad_x, grad_w
 
 
+# Without autograd (generation), fewer rows than ONEDNN_MAX_ROWS: a linear is one pass over its weight, and
+# oneDNN's bf16 matmul streams bf16 weights near memory speed, 1.2-2x torch's bf16 kernel on this kind of CPU,
+# but only for weights of ONEDNN_MIN_WEIGHT elements or more: its ~50 us call overhead loses on small ones,
+# where torch's bf16 kernel is the fastest. From ~64 rows the fp32 kernel's widening of the weight pays for
+# itself (docs/performance.md). Autograd has no formula for oneDNN's op: training never uses it.
+ONEDNN_MAX_ROWS = 64
+ONEDNN_MIN_WEIGHT = 2**21
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@torch.library.custom_op("torchtitan::onednn_bf16_linear", mutates_args=())
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T for bf16 x and weight in oneDNN's matmul (fp32 sums, result rounded to bf16). An opaque op
+    under torch.compile: Inductor's own lowering of oneDNN's linear wants weights frozen into the graph."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
+@_onednn_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def few_rows_kernel(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """The kernel for a bf16 linear without autograd: "onednn" or "torch" (its own bf16 kernel) for fewer than
+    ONEDNN_MAX_ROWS rows, by the weight's size; None (the fp32 kernel) for more rows."""
+    if x.numel() >= ONEDNN_MAX_ROWS * x.shape[-1]:
+        return None
+    return "onednn" if _ONEDNN and weight.numel() >= ONEDNN_MIN_WEIGHT else "torch"
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, with bf16 computation through fp32 kernels where it applies."""
+    """F.linear, with bf16 computation through fp32 kernels where it applies (for a few rows without autograd,
+    oneDNN's or torch's bf16 kernel: few_rows_kernel)."""
     if bias is not None or not _applies(x, weight):
         return F.linear(x, weight, bias)
-    with torch.autocast("cpu", enabled=False):
-        return _LinearInFp32.apply(x, weight)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    kernel = None if needs_grad else few_rows_kernel(x, weight)
+    if kernel is None:
+        with torch.autocast("cpu", enabled=False):
+            return _LinearInFp32.apply(x, weight)
+    if x.dtype != BF16 or weight.dtype != BF16:  # under autocast (skipped when bf16 already: per-call cost)
+        x, weight = x.to(BF16), weight.to(BF16)
+    if kernel == "torch":
+        return F.linear(x, weight)
+    if torch.compiler.is_compiling():
+        return _onednn_linear(x, weight)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -122,6 +174,7 @@ def apply_cpu_bf16_kernels(model: nn.Module) -> int:
             module.tied_linear = linear
     logger.info(
         "bf16 on a CPU without bf16 instructions: matmuls and attention run in fp32 kernels on operands rounded"
-        " to bf16, results rounded to bf16 (training.cpu_bf16_fp32_kernels; docs/parallelism.md)"
+        " to bf16 (oneDNN's bf16 matmul for a few rows without autograd), results rounded to bf16"
+        " (training.cpu_bf16_fp32_kernels; docs/parallelism.md)"
     )
     return swapped
