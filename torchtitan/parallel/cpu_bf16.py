@@ -100,7 +100,13 @@ class _LinearInFp32(torch.autograd.Function):
 # itself (docs/performance.md). Autograd has no formula for oneDNN's op: training never uses it.
 ONEDNN_MAX_ROWS = 64
 ONEDNN_MIN_WEIGHT = 2**21
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# where torch reports oneDNN bf16 support for this CPU (on x86: AVX512); elsewhere torch's kernel
+_ONEDNN = (
+    torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    and hasattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported")
+    and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+)
 
 
 @torch.library.custom_op("torchtitan::onednn_bf16_linear", mutates_args=())
