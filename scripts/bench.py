@@ -94,7 +94,7 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
     from torchtitan.metrics.memory import MemoryMonitor
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel import local_coords
-    from torchtitan.parallel.cpu_bf16 import apply_cpu_bf16_kernels, fp32_kernels_apply
+    from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
 
     cfg = parse_args([CONFIG, *overrides])
     t, o = cfg.training, cfg.optimizer
@@ -106,14 +106,11 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
     torch.manual_seed(t.seed)
     bf16 = t.mixed_precision_param == "bfloat16"
     model_cls, model_args = get_model_class(cfg.model.name), model_args_from_config(cfg.model, t.seq_len)
-    kernels = fp32_kernels_apply(
-        device.type, torch.bfloat16 if bf16 else torch.float32, t.cpu_bf16_fp32_kernels
-    )
+    dtype = torch.bfloat16 if bf16 else torch.float32
     if world == 1:
         model = model_cls(model_args).to(device)
         model.init_weights(t.seed)
-        if kernels:
-            apply_cpu_bf16_kernels(model)
+        use_cpu_bf16_kernels(model, device.type, dtype, t.cpu_bf16_fp32_kernels)
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -122,10 +119,9 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
         mesh = init_device_mesh(device.type, (world,))
         with torch.device("meta"):
             model = model_cls(model_args)
-        if kernels:
-            apply_cpu_bf16_kernels(model)
+        use_cpu_bf16_kernels(model, device.type, dtype, t.cpu_bf16_fp32_kernels)
         mp = MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16 if bf16 else torch.float32,
+            param_dtype=dtype,
             reduce_dtype=torch.bfloat16 if t.mixed_precision_reduce == "bfloat16" else torch.float32,
         )
         for block in model.layers.values():

@@ -37,8 +37,9 @@ import torch  # noqa: E402
 
 from torchtitan.checkpoint_hf import hf_config_from_model_args, hf_to_ours  # noqa: E402
 from torchtitan.generate import generate, make_decode_step, quantize_weights  # noqa: E402
-from torchtitan.generate.loader import DTYPES, model_from_state_dict, use_cpu_bf16_kernels  # noqa: E402
+from torchtitan.generate.loader import DTYPES, model_from_state_dict  # noqa: E402
 from torchtitan.models.llama3 import get_model_args  # noqa: E402
+from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels  # noqa: E402
 
 VARIANTS = ("ours", "ours-int8", "ours-compile", "ours-int8-compile", "ours-torch-kernels", "hf")
 
@@ -62,7 +63,7 @@ def build(shape: str, layers: int | None, dtype: torch.dtype, variants: list[str
         if "int8" in v:
             quantize_weights(model, "int8")
         # as scripts/generate.py does (bf16 on a CPU without bf16 instructions; "torch-kernels": switched off)
-        use_cpu_bf16_kernels(model, device, dtype, enabled="torch-kernels" not in v)
+        use_cpu_bf16_kernels(model, device.type, dtype, enabled="torch-kernels" not in v)
         models[v] = (model, make_decode_step(model, compile="compile" in v))
     return args, models
 

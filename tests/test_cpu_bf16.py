@@ -26,6 +26,7 @@ from torchtitan.parallel.cpu_bf16 import (
     few_rows_kernel,
     fp32_kernels_apply,
     matmul_dtype,
+    use_cpu_bf16_kernels,
 )
 
 BF16 = torch.bfloat16
@@ -225,11 +226,10 @@ def test_trainer_losses_with_and_without_them(tmp_path):
 def test_generation_uses_them_where_training_does(monkeypatch):
     """scripts/generate.py's loader: the same rule as the trainer; the tied head's logits of a decode step stay
     within bf16 rounding of torch's kernels; torchao's quantized weights keep torchao's kernels."""
-    from torchtitan.generate.loader import quantize_weights, use_cpu_bf16_kernels
+    from torchtitan.generate.loader import quantize_weights
 
     monkeypatch.setattr(hardware, "cpu_lacks_bf16_instructions", lambda: True)
     monkeypatch.setattr(cpu_bf16, "cpu_lacks_bf16_instructions", lambda: True)
-    cpu = torch.device("cpu")
     args = ModelArgs(
         dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=ONEDNN_MIN_WEIGHT // 64, max_seq_len=16
     )
@@ -239,11 +239,11 @@ def test_generation_uses_them_where_training_does(monkeypatch):
     native.init_weights(0)
     native = native.to(BF16).eval().requires_grad_(False)
     model = copy.deepcopy(native)
-    assert not use_cpu_bf16_kernels(model, cpu, torch.float32, enabled=True)
-    assert not use_cpu_bf16_kernels(model, cpu, BF16, enabled=False)
-    assert not use_cpu_bf16_kernels(model, torch.device("cuda"), BF16, enabled=True)
+    assert not use_cpu_bf16_kernels(model, "cpu", torch.float32, enabled=True)
+    assert not use_cpu_bf16_kernels(model, "cpu", BF16, enabled=False)
+    assert not use_cpu_bf16_kernels(model, "cuda", BF16, enabled=True)
     assert type(model.layers["0"].attention.wq) is nn.Linear and model.tied_linear is None
-    assert use_cpu_bf16_kernels(model, cpu, BF16, enabled=True)
+    assert use_cpu_bf16_kernels(model, "cpu", BF16, enabled=True)
     assert model.tied_linear is cpu_bf16.linear and isinstance(
         model.layers["0"].attention.wq, Fp32KernelLinear
     )
@@ -255,7 +255,7 @@ def test_generation_uses_them_where_training_does(monkeypatch):
     pytest.importorskip("torchao")
     quantized = copy.deepcopy(native)
     quantize_weights(quantized, "int8")
-    assert use_cpu_bf16_kernels(quantized, cpu, BF16, enabled=True)
+    assert use_cpu_bf16_kernels(quantized, "cpu", BF16, enabled=True)
     with torch.no_grad():
         h = quantized.tok_embeddings(tokens)
         wq = quantized.layers["0"].attention.wq

@@ -177,21 +177,12 @@ def load_model(
         args, read_full_state_dict(kind, folder, args), device, dtype, str(folder), cfg.model.flavor
     )
     quantize_weights(model, quantize)
-    use_cpu_bf16_kernels(model, device, dtype, cfg.training.cpu_bf16_fp32_kernels)
+    # bf16 on a CPU without bf16 instructions: as in training, plus oneDNN's bf16 GEMV for decode's few rows;
+    # quantized weights keep torchao's kernels (imported at use: the torchtitan.parallel package loads FSDP/TP)
+    from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
+
+    use_cpu_bf16_kernels(model, device.type, dtype, cfg.training.cpu_bf16_fp32_kernels)
     return LoadedModel(model, args, device, source)
-
-
-def use_cpu_bf16_kernels(model: Transformer, device: torch.device, dtype: torch.dtype, enabled: bool) -> bool:
-    """bf16 on a CPU without bf16 instructions: the linear layers and a tied head take the kernels of
-    torchtitan/parallel/cpu_bf16.py (`training.cpu_bf16_fp32_kernels`, on by default): oneDNN's bf16 matmul
-    for decode steps' few rows (the large weights), fp32 kernels on bf16 operands for prefill's many, both
-    keeping the bf16 contract. Quantized weights keep torchao's kernels. Whether it applied."""
-    from torchtitan.parallel.cpu_bf16 import apply_cpu_bf16_kernels, fp32_kernels_apply
-
-    if not fp32_kernels_apply(device.type, dtype, enabled):
-        return False
-    apply_cpu_bf16_kernels(model)
-    return True
 
 
 def model_from_state_dict(

@@ -184,3 +184,12 @@ def apply_cpu_bf16_kernels(model: nn.Module) -> int:
         " (training.cpu_bf16_fp32_kernels; docs/parallelism.md)"
     )
     return swapped
+
+
+def use_cpu_bf16_kernels(model: nn.Module, device_type: str, dtype: torch.dtype, enabled: bool) -> bool:
+    """apply_cpu_bf16_kernels where they apply (fp32_kernels_apply); whether they did. For code that builds a
+    model outside `parallelize` (generation, the benchmarks' bare loops)."""
+    if not fp32_kernels_apply(device_type, dtype, enabled):
+        return False
+    apply_cpu_bf16_kernels(model)
+    return True
