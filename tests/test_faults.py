@@ -594,44 +594,53 @@ print("ok", type(stager).__name__)
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="pinned staging needs CUDA")
 def test_async_stager_stages_cuda_tensors_into_reused_pinned_memory():
-    """On CUDA: the run's stager copies device tensors into pinned host memory, the same buffers every save where
-    torch can reuse a stager; on torch 2.11 (pytorch#183413) every save gets a fresh stager and still stages."""
+    """On CUDA: the run's stager copies device tensors into pinned host memory, the same buffers at every save,
+    on every torch (on torch 2.11, whose DefaultStager cannot stage twice, through BlockingAsyncStager's cache)."""
     import torch
 
-    from torchtitan.checkpoint import _build_stager, stager_for_save, stager_survives_reuse
+    from torchtitan.checkpoint import build_stager, stager_for_save
 
-    stager = stager_for_save(_build_stager())
+    stager = build_stager()
     assert stager is not None, "torch without DefaultStager"
     w = torch.randn(256, 256, device="cuda")
     try:
         first = stager.stage({"w": w})["w"]
+        assert torch.equal(first, w.cpu())
         w.add_(1.0)
-        again = stager_for_save(stager)
-        assert (again is stager) == stager_survives_reuse()
-        second = again.stage({"w": w})["w"]
+        assert stager_for_save(stager) is stager
+        second = stager.stage({"w": w})["w"]
     finally:
-        again.close()
+        stager.close()
     assert second.device.type == "cpu" and second.is_pinned()
     assert torch.equal(second, w.cpu())
-    if stager_survives_reuse():
-        assert second.data_ptr() == first.data_ptr()
+    assert second.data_ptr() == first.data_ptr(), "staging buffer reallocated"
 
 
 def test_a_stager_torch_cannot_reuse_is_replaced_at_every_save(monkeypatch):
-    """torch 2.11's DefaultStager breaks on its second stage() (pytorch#183413): the probe says so, and each save
-    then stages through a fresh stager, so the second async save of a run does not fail."""
+    """torch 2.11's DefaultStager breaks on its second stage() (pytorch#183413): the probe says so; on CUDA the run
+    then stages through BlockingAsyncStager's cached pinned copy, and without CUDA each save gets a fresh
+    DefaultStager, so the second async save of a run does not fail."""
     import torch
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager, DefaultStager
 
     from torchtitan import checkpoint
 
-    first = checkpoint._build_stager()
+    first = checkpoint.build_stager()
     assert first is not None, "torch without DefaultStager"
     if checkpoint.stager_survives_reuse():
+        assert isinstance(first, DefaultStager)
         assert checkpoint.stager_for_save(first) is first  # this torch reuses it
     monkeypatch.setattr(checkpoint, "stager_survives_reuse", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     second = checkpoint.stager_for_save(first)
-    assert second is not first and second is not None
+    assert isinstance(second, DefaultStager) and second is not first
     w = torch.arange(6.0)
     assert torch.equal(second.stage({"w": w})["w"], w)
     first.close()
     second.close()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cached = (
+        checkpoint.build_stager()
+    )  # what a CUDA run gets on such a torch (its staging needs a GPU: test above)
+    assert isinstance(cached, BlockingAsyncStager) and cached.cache_staged_state_dict
+    assert checkpoint.stager_for_save(cached) is cached

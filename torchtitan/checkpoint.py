@@ -355,10 +355,10 @@ _NO_SPACE = {28, 122}  # ENOSPC, EDQUOT
 _NOT_WRITABLE = {1, 13, 30}  # EPERM, EACCES, EROFS
 
 
-def _build_stager():
-    """The async stager of a run: one instance, so its staging copy is kept from save to save instead of being
-    allocated at every save (DCP's default); on CUDA the copy is pinned memory and the device-to-host copies are
-    non-blocking. DefaultStager is torch >= 2.9; without it dcp.async_save stages as before."""
+def _default_stager():
+    """A DefaultStager (torch >= 2.9; None before, where dcp.async_save stages as it always did): its staging copy
+    is kept from save to save instead of being allocated at every save (DCP's default); on CUDA the copy is
+    pinned memory and the device-to-host copies are non-blocking."""
     try:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     except ImportError:  # pragma: no cover - torch < 2.9
@@ -380,7 +380,7 @@ def _build_stager():
 def stager_survives_reuse() -> bool:
     """Whether one DefaultStager can stage more than once. torch 2.11 closes it at the end of every stage(), so a
     second save fails with `KeyError: <class 'type'>` (pytorch#183413); probed once on a tiny CPU tensor."""
-    stager = _build_stager()
+    stager = _default_stager()
     if stager is None:
         return False
     try:
@@ -393,12 +393,28 @@ def stager_survives_reuse() -> bool:
         stager.close()
 
 
+def build_stager():
+    """The async stager of a run, one for all its saves, so the staging copy is allocated once.
+
+    A DefaultStager where torch can reuse one. Where it cannot (torch 2.11), on CUDA: torch's BlockingAsyncStager
+    with its cache, which pins one host copy at the first save and copies into it at every later one (the same
+    effect; its copies are blocking, which the loop waited for anyway). Without CUDA that cache cannot be used
+    (it is always pinned), so the DefaultStager stays and `stager_for_save` replaces it at every save."""
+    if stager_survives_reuse() or not torch.cuda.is_available():
+        return _default_stager()
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    return BlockingAsyncStager(cache_staged_state_dict=True)
+
+
 def stager_for_save(current):
-    """The stager for the next async save: the run's own where torch can reuse one (its pinned buffers are kept),
-    else a fresh one per save (staging memory allocated at every save, as DCP's default does)."""
-    if current is not None and not stager_survives_reuse():
-        return _build_stager()
-    return current
+    """The stager for the next async save: the run's own, except a DefaultStager that torch cannot reuse, which
+    is replaced by a fresh one (staging memory then allocated at every save, as DCP's default does)."""
+    if current is None or stager_survives_reuse():
+        return current
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    return _default_stager() if isinstance(current, DefaultStager) else current
 
 
 # ----------------------------------------------------------------------------------------------------- manager
@@ -449,7 +465,7 @@ class CheckpointManager:
         # An async save runs collectives in a background thread; on its own gloo group they never interleave
         # with the training step's collectives on the default group.
         self.async_pg = dist.new_group(backend="gloo") if self.c.async_mode == "async" else None
-        self.stager = _build_stager() if self.c.async_mode == "async" else None
+        self.stager = build_stager() if self.c.async_mode == "async" else None
         self.pending: _Pending | None = None
         self.failure: tuple | None = None  # this rank's account of a save that failed, until it is reported
         self.loaded_path: str | None = None
