@@ -4,15 +4,20 @@
     python scripts/bench_peers.py                                     # debug shape, bf16 and fp32, 3 pairs each
     python scripts/bench_peers.py --flavor debugmodel_large --batch 2 --dtype float32 --repeat 5
     python scripts/bench_peers.py -- --compile.enable=true          # both sides torch.compile'd (blocks + loss)
+    python scripts/bench_peers.py --flavor 1B --batch 2 --seq-len 8192 --dtype bfloat16 --steps 30 --interval 5 \
+        --warmup 10 --repeat 2 -- --model.tokenizer_path=/tmp/tok/tokenizer.json   # on a GPU (see below)
 
 Runs alternate (trainer, HF, trainer, HF, ...) so drift in machine speed hits both alike, and the ratio
 trainer / HF is taken per pair; the median is printed with every pair's figure. Each side runs in its own
-process with the same OMP_NUM_THREADS (default: all cores), one process each.
+process with the same OMP_NUM_THREADS (default: all cores), one process each. Where CUDA is available both
+run on the GPU (one device, bf16 autocast over fp32 weights on both sides); the 1B-8B flavors need a tokenizer
+of Llama 3's vocabulary size (scripts/make_bench_tokenizer.py). Peak memory is printed for both sides (RSS on
+CPU, the caching allocator's max reserved on CUDA, as scripts/bench.py).
 
 What each side runs:
   trainer  `python train.py` (train_configs/debug_model.toml + the flavor, batch and dtype given here), measured
            by its own metrics (tokens/s per device, median over `--interval`-step intervals after `--warmup`).
-  HF       LlamaForCausalLM (attn_implementation="sdpa": its default, fused attention with native GQA on CPU)
+  HF       LlamaForCausalLM (attn_implementation="sdpa": its default, SDPA's fused attention kernels)
            built from the same ModelArgs (torchtitan.checkpoint_hf) and loaded with the trainer's initial
            weights, fed the trainer's data stream; the loop a user writes: forward under
            torch.autocast(bfloat16) for bf16 (what HF's Trainer does with bf16=True), logits upcast to fp32 for
@@ -45,7 +50,7 @@ from bench import CONFIG, trainer  # noqa: E402
 
 from torchtitan.launch import local_command  # noqa: E402
 
-TARGETS = {"bfloat16": 1.15, "float32": 1.05}  # issue 10's targets on the 2-core CPU
+TARGETS = {"bfloat16": 1.15, "float32": 1.05}  # issue 10's targets on the 2-core CPU (none set for GPUs)
 
 
 def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[str]) -> None:
@@ -57,9 +62,11 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
     from torchtitan.checkpoint_hf import hf_config_from_model_args, ours_to_hf
     from torchtitan.config import parse_args
     from torchtitan.data import build_dataloader, build_tokenizer
+    from torchtitan.metrics.memory import MemoryMonitor
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel.compile import maybe_compile_loss
 
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = parse_args([CONFIG, *overrides])
     t, o = cfg.training, cfg.optimizer
     torch.manual_seed(t.seed)
@@ -70,7 +77,7 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
     model = transformers.LlamaForCausalLM(hf_cfg)
     model.load_state_dict(ours_to_hf(ours.state_dict(), args), strict=True)
     del ours
-    model.train()
+    model.to(device).train()
     c = cfg.compile
     if c.enable and "model" in c.components:  # as the trainer does: each decoder layer compiled in place
         for layer in model.model.layers:
@@ -103,10 +110,11 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
         )
     )
     bf16 = t.mixed_precision_param == "bfloat16"
-    rates, first_loss, start = [], None, time.perf_counter()
+    memory = MemoryMonitor(device)
+    rates, peaks, first_loss, start = [], [], None, time.perf_counter()
     for step in range(1, steps + 1):
-        x, y = next(data)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        x, y = (b.to(device) for b in next(data))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=x, use_cache=False).logits
         loss = loss_fn(logits, y)
         loss.backward()
@@ -116,13 +124,17 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
         if step == 1:
             first_loss = loss.item()
         if step % interval == 0:
-            loss.item()
+            loss.item()  # waits for the device, like the trainer's log step
             now = time.perf_counter()
             if step > warmup:
                 rates.append(interval * t.local_batch_size * t.seq_len / (now - start))
+                snap = memory.snapshot()
+                peaks.append(snap.get("memory/max_reserved_gib", snap.get("memory/max_rss_gib", 0.0)))
+            memory.reset_peak()
             start = time.perf_counter()
+    result = {"tokens_per_sec_per_device": statistics.median(rates), "first_loss": first_loss}
     with open(out, "w") as f:
-        json.dump({"tokens_per_sec_per_device": statistics.median(rates), "first_loss": first_loss}, f)
+        json.dump({**result, "peak_memory_gib": max(peaks)}, f)
 
 
 def hf(steps: int, interval: int, warmup: int, overrides: list[str], env: dict) -> dict:
@@ -171,7 +183,10 @@ def main() -> int:
         return 0
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(a.threads))
     os.environ.update(OMP_NUM_THREADS=str(a.threads))  # trainer() inherits this process's environment
-    result = {"flavor": a.flavor, "batch": f"{a.batch} x {a.seq_len}", "threads": a.threads}
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu, {a.threads} threads"
+    result = {"flavor": a.flavor, "batch": f"{a.batch} x {a.seq_len}", "device": device}
     for dtype in ["bfloat16", "float32"] if a.dtype == "both" else [a.dtype]:
         overrides = [
             f"--model.flavor={a.flavor}",
@@ -182,15 +197,20 @@ def main() -> int:
         ]
         ours, theirs = [], []
         for _ in range(a.repeat):
-            ours.append(trainer(1, a.steps, a.interval, a.warmup, overrides)["tokens_per_sec_per_device"])
+            ours.append(trainer(1, a.steps, a.interval, a.warmup, overrides))
             theirs.append(hf(a.steps, a.interval, a.warmup, overrides, env))
-        ratios = [x / y["tokens_per_sec_per_device"] for x, y in zip(ours, theirs)]
+        rate = "tokens_per_sec_per_device"
+        ratios = [x[rate] / y[rate] for x, y in zip(ours, theirs)]
         result[dtype] = {
-            "trainer_tokens_per_sec": round(statistics.median(ours)),
-            "hf_tokens_per_sec": round(statistics.median(y["tokens_per_sec_per_device"] for y in theirs)),
+            "trainer_tokens_per_sec": round(statistics.median(x[rate] for x in ours)),
+            "hf_tokens_per_sec": round(statistics.median(y[rate] for y in theirs)),
             "trainer_over_hf_median": round(statistics.median(ratios), 4),
             "trainer_over_hf_runs": [round(r, 4) for r in ratios],
             "target": TARGETS[dtype],
+            "peak_memory_gib_trainer_hf": [
+                round(max(x["peak_memory_gib"] for x in ours), 2),
+                round(max(y["peak_memory_gib"] for y in theirs), 2),
+            ],
             "first_loss_trainer_hf": [
                 round(first_trainer_loss(overrides, env), 4),
                 round(theirs[0]["first_loss"], 4),
