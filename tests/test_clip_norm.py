@@ -20,7 +20,10 @@ def test_bench_clip_norm_matches_the_fp64_reference_on_a_whole_model():
         "fp64 copies (previous)",
         "torch.nn.utils.clip_grad_norm_(foreach=True)",
     }
-    ours, previous = float(rows["torchtitan.optim.clip_grad_norm_"][1]), float(rows["fp64 copies (previous)"][1])
+    ours, previous = (
+        float(rows["torchtitan.optim.clip_grad_norm_"][1]),
+        float(rows["fp64 copies (previous)"][1]),
+    )
     assert previous > 1000.0  # ~sqrt(5.6M) for unit-normal gradients: real gradients were reduced
     assert float(rows["torchtitan.optim.clip_grad_norm_"][2]) < 1e-6
     assert abs(ours - previous) / previous < 1e-6
