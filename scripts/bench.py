@@ -83,6 +83,38 @@ def bare(nproc: int, steps: int, interval: int, warmup: int, overrides: list[str
             return json.load(f)
 
 
+class IntervalMeter:
+    """How both hand-written loops (the bare loop here, transformers' in bench_peers.py) are timed, as the trainer
+    logs: every `interval` steps a host read of the loss waits for the device; after `warmup` steps each interval
+    gives tokens/s and its peak memory (RSS on CPU, max reserved on CUDA)."""
+
+    def __init__(self, device, interval: int, warmup: int, tokens_per_step: int):
+        from torchtitan.metrics.memory import MemoryMonitor
+
+        self.memory = MemoryMonitor(device)
+        self.interval, self.warmup, self.tokens = interval, warmup, tokens_per_step
+        self.rates, self.peaks, self.start = [], [], time.perf_counter()
+
+    def after_step(self, step: int, loss) -> None:
+        if step % self.interval:
+            return
+        loss.item()  # waits for the device, like the trainer's log step
+        now = time.perf_counter()
+        if step > self.warmup:
+            self.rates.append(self.interval * self.tokens / (now - self.start))
+            snap = self.memory.snapshot()
+            self.peaks.append(snap.get("memory/max_reserved_gib", snap.get("memory/max_rss_gib", 0.0)))
+        self.memory.reset_peak()
+        self.start = time.perf_counter()
+
+    def result(self) -> dict:
+        return {
+            "tokens_per_sec_per_device": statistics.median(self.rates),
+            "peak_memory_gib": max(self.peaks),
+            "intervals": len(self.rates),
+        }
+
+
 def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[str]) -> None:
     """The hand-written loop (see the module docstring); rank 0 writes its figures to `out` as JSON."""
     import torch
@@ -91,7 +123,6 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
 
     from torchtitan.config import parse_args
     from torchtitan.data import build_dataloader, build_tokenizer
-    from torchtitan.metrics.memory import MemoryMonitor
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel import local_coords
     from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
@@ -151,8 +182,7 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
         )
     )
     autocast = world == 1 and bf16  # with FSDP the MixedPrecisionPolicy casts
-    memory = MemoryMonitor(device)
-    rates, peaks, start = [], [], time.perf_counter()
+    meter = IntervalMeter(device, interval, warmup, t.local_batch_size * t.seq_len)
     for step in range(1, steps + 1):
         x, y = (b.to(device) for b in next(data))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -162,23 +192,10 @@ def bare_worker(out: str, steps: int, interval: int, warmup: int, overrides: lis
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_norm, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step % interval == 0:
-            loss.item()  # waits for the device, like the trainer's log step
-            now = time.perf_counter()
-            if step > warmup:
-                rates.append(interval * t.local_batch_size * t.seq_len / (now - start))
-                snap = memory.snapshot()
-                peaks.append(snap.get("memory/max_reserved_gib", snap.get("memory/max_rss_gib", 0.0)))
-            memory.reset_peak()
-            start = time.perf_counter()
+        meter.after_step(step, loss)
     if rank == 0:
-        result = {
-            "tokens_per_sec_per_device": statistics.median(rates),
-            "peak_memory_gib": max(peaks),
-            "intervals": len(rates),
-        }
         with open(out, "w") as f:
-            json.dump(result, f)
+            json.dump(meter.result(), f)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -39,14 +39,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench import CONFIG, trainer  # noqa: E402
+from bench import CONFIG, IntervalMeter, trainer  # noqa: E402
 
 from torchtitan.launch import local_command  # noqa: E402
 
@@ -62,7 +61,6 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
     from torchtitan.checkpoint_hf import hf_config_from_model_args, ours_to_hf
     from torchtitan.config import parse_args
     from torchtitan.data import build_dataloader, build_tokenizer
-    from torchtitan.metrics.memory import MemoryMonitor
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel.compile import maybe_compile_loss
 
@@ -110,8 +108,7 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
         )
     )
     bf16 = t.mixed_precision_param == "bfloat16"
-    memory = MemoryMonitor(device)
-    rates, peaks, first_loss, start = [], [], None, time.perf_counter()
+    meter, first_loss = IntervalMeter(device, interval, warmup, t.local_batch_size * t.seq_len), None
     for step in range(1, steps + 1):
         x, y = (b.to(device) for b in next(data))
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -123,18 +120,9 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
         opt.zero_grad(set_to_none=True)
         if step == 1:
             first_loss = loss.item()
-        if step % interval == 0:
-            loss.item()  # waits for the device, like the trainer's log step
-            now = time.perf_counter()
-            if step > warmup:
-                rates.append(interval * t.local_batch_size * t.seq_len / (now - start))
-                snap = memory.snapshot()
-                peaks.append(snap.get("memory/max_reserved_gib", snap.get("memory/max_rss_gib", 0.0)))
-            memory.reset_peak()
-            start = time.perf_counter()
-    result = {"tokens_per_sec_per_device": statistics.median(rates), "first_loss": first_loss}
+        meter.after_step(step, loss)
     with open(out, "w") as f:
-        json.dump({**result, "peak_memory_gib": max(peaks)}, f)
+        json.dump({**meter.result(), "first_loss": first_loss}, f)
 
 
 def hf(steps: int, interval: int, warmup: int, overrides: list[str], env: dict) -> dict:
