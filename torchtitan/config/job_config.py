@@ -43,7 +43,9 @@ class Model:
         "model size: debugmodel, debugmodel_large, 1B, 3B, 8B, 70B, 405B, or custom (shape from the fields below)",
     )
     tokenizer_path: str = opt(
-        "tests/assets/tokenizer/debug.model", "sentencepiece .model or HF tokenizer.json"
+        "tests/assets/tokenizer/debug.model",
+        "tokenizer file or folder: sentencepiece .model, tiktoken BPE file (Llama 3 original/tokenizer.model),"
+        " HF tokenizer.json (+ tokenizer_config.json)",
     )
     vocab_size: int | None = opt(None, "override the flavor's vocabulary size (must equal the tokenizer's)")
     max_seq_len: int | None = opt(None, "override the RoPE table length (defaults to the flavor's)")
