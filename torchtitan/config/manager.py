@@ -17,6 +17,7 @@ from typing import Any, Literal, Union
 
 from torchtitan.errors import UserError
 
+from . import torchtitan_compat
 from .job_config import JobConfig
 
 if sys.version_info >= (3, 11):
@@ -47,6 +48,20 @@ def _fields(section_cls: type) -> dict[str, tuple[Any, dataclasses.Field]]:
 def _suggest(name: str, choices) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
     return f"; did you mean '{close[0]}'?" if close else f"; valid: {', '.join(sorted(choices))}"
+
+
+def _suggest_key(name: str, choices) -> str:
+    """The did-you-mean of an unknown key or section: torchtitan's names first (they answer with their equivalent
+    here, never with a look-alike of another meaning: checkpoint.enable_checkpoint is not create_seed_checkpoint),
+    then the closest of our names."""
+    known = torchtitan_compat.hint(name)
+    if known:
+        return f"; {known}"
+    choices = list(choices)
+    close = difflib.get_close_matches(name, choices + list(torchtitan_compat.KEYS), n=1, cutoff=0.5)
+    if close and close[0] not in choices:  # closest to a torchtitan name: a misspelt one of those
+        return f"; {torchtitan_compat.hint(close[0])}"
+    return _suggest(name, choices)
 
 
 def type_name(tp) -> str:
@@ -119,11 +134,11 @@ def _convert(value: Any, tp, from_cli: bool):
 def _set(cfg: JobConfig, section: str, key: str, value: Any, source: str, from_cli: bool) -> None:
     sections = _sections()
     if section not in sections:
-        raise ConfigError(f"{source}: unknown section '{section}'{_suggest(section, sections)}")
+        raise ConfigError(f"{source}: unknown section '{section}'{_suggest_key(section, sections)}")
     fields = _fields(sections[section])
     if key not in fields:
         full = [f"{section}.{k}" for k in fields]
-        raise ConfigError(f"{source}: unknown key '{section}.{key}'{_suggest(f'{section}.{key}', full)}")
+        raise ConfigError(f"{source}: unknown key '{section}.{key}'{_suggest_key(f'{section}.{key}', full)}")
     tp = fields[key][0]
     try:
         converted = _convert(value, tp, from_cli)
@@ -177,7 +192,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
         if name == "job.config_file":
             config_file = value
     if config_file:
-        for section, table in _load_toml(config_file).items():
+        toml = _load_toml(config_file)
+        _refuse_torchtitan_file(toml, config_file)
+        for section, table in toml.items():
             if not isinstance(table, dict):
                 raise ConfigError(
                     f"{config_file}: top-level key '{section}' must be a [section] table{_suggest(section, _sections())}"
@@ -194,6 +211,18 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
         section, key = name.split(".", 1)
         _set(cfg, section, key, value, "command line", from_cli=True)
     return cfg
+
+
+def _refuse_torchtitan_file(toml: dict, path: str) -> None:
+    """A torchtitan config (two or more of its own keys) gets one line: what it is and the converter command.
+    A single torchtitan key in one of our files is answered key by key (_suggest_key)."""
+    found = torchtitan_compat.torchtitan_keys_in(toml)
+    if len(found) >= 2:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ConfigError(
+            f"{path} is a torchtitan config ({shown} are torchtitan's keys); convert it first:"
+            f" {torchtitan_compat.CONVERTER} {path} -o {torchtitan_compat.suggested_output(path)}"
+        )
 
 
 def to_dict(cfg: JobConfig) -> dict:

@@ -1,0 +1,886 @@
+"""torchtitan's TOML config names and what each one is here: the table behind the converter and the parser.
+
+torchtitan (github.com/pytorch/torchtitan) configured runs with TOML files until PR #2386 (Feb 2026) replaced
+them with Python config registries; v0.2.2 is its last release with TOML. Its llama3 files come in three eras:
+
+- "2024": [training] holds batch_size, warmup_steps and the dp/tp degrees, [experimental] the pp/cp degrees,
+  checkpoint.enable_checkpoint / interval_type / model_weights_only, [float8] enable_float8_linear,
+  model.norm_type; Meta's tiktoken tokenizer.model.
+- "2025": [parallelism], [lr_scheduler] (lr_min), training.local_batch_size, model.converters,
+  checkpoint.enable_checkpoint + last_save_model_only, validation.enabled, a Hugging Face tokenizer folder.
+- "2026" (the last files, to Feb 2026): model.hf_assets_path, checkpoint.enable, [compile],
+  [quantize.linear.float8], lr_scheduler.min_lr_factor, validation.enable, job.print_config.
+
+`convert(toml_dict)` turns such a file into our sections and explains every key (scripts/convert_torchtitan_config.py
+prints the explanations and writes the TOML); `torchtitan_keys_in` and `hint` let the strict parser recognise a
+torchtitan file and answer a torchtitan name with its equivalent, never with a look-alike of another meaning.
+The facts behind the table (keys, defaults, formulas of each era) were read from torchtitan's history;
+docs/configuration.md "Coming from torchtitan" lists them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchtitan.errors import UserError
+
+ERAS = ("2024", "2025", "2026")
+CONVERTER = "python scripts/convert_torchtitan_config.py"
+
+
+class ConversionError(UserError):
+    pass
+
+
+_ANY = object()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What torchtitan's `section.key` is here.
+
+    kind: "rename" (value goes to `target`, through `fn` if given), "drop" (already our behaviour when the value
+    is one of `ok`, else not expressible), "custom" (handled in convert()), "unsupported" (a value other than
+    `ok` cannot be expressed; `note` names the nearest equivalent).
+    """
+
+    kind: str
+    target: str | None = None
+    note: str = ""
+    ok: Any = _ANY
+    fn: Any = None
+
+
+def _rn(target, note="", fn=None):
+    return Rule("rename", target, note, fn=fn)
+
+
+def _drop(note, ok=_ANY):
+    return Rule("drop", None, note, ok)
+
+
+def _unsup(note, ok):
+    return Rule("unsupported", None, note, ok)
+
+
+def _custom(target=None, note=""):
+    return Rule("custom", target, note)
+
+
+_DATA_FILES = "ours reads .json/.jsonl/.parquet/.txt files (a file, a glob or a folder of them)"
+_FLOAT8 = {
+    "enable_float8_linear": _rn("float8.enable"),
+    "enable_fsdp_float8_all_gather": _rn("float8.enable_fsdp_float8_all_gather"),
+    "precompute_float8_dynamic_scale_for_fsdp": _rn("float8.precompute_float8_dynamic_scale_for_fsdp"),
+    "recipe_name": _custom("float8.recipe"),
+    "filter_fqns": _custom("float8.min_dim"),
+    "emulate": _rn("float8.emulate"),
+    "force_recompute_fp8_weight_in_bwd": _unsup("no such option here", (False,)),
+    "scaling_type_input": _unsup(
+        "ours scales dynamically (torchao's delayed scaling was removed)", ("dynamic",)
+    ),
+    "scaling_type_weight": _unsup("ours scales dynamically", ("dynamic",)),
+    "scaling_type_grad_output": _unsup("ours scales dynamically", ("dynamic",)),
+    "moe_fqns_prototype": _unsup("no MoE models here", ([],)),
+}
+
+# torchtitan's "section.key" -> Rule. A key absent from this table whose name is also ours means the same here.
+KEYS: dict[str, Rule] = {
+    "job.print_args": _rn("job.print_config"),
+    "job.use_for_integration_test": _drop("a marker for torchtitan's own CI; it changes nothing in a run"),
+    "job.save_config_file": _unsup(
+        "ours writes the effective config to <dump_folder>/config.toml", (None, "")
+    ),
+    "job.custom_config_module": _unsup("no Python is executed from configs here", ("",)),
+    "profiling.enable_memory_snapshot": _custom("profiling.memory_snapshot_steps"),
+    "profiling.save_memory_snapshot_folder": _rn("profiling.memory_snapshot_folder"),
+    "profiling.profiler_active": _unsup("ours records one step per profile_freq window", (1,)),
+    "profiling.profiler_warmup": _unsup("ours warms the profiler up by itself", (3,)),
+    "metrics.disable_color_printing": _drop("our log lines carry no colour codes"),
+    "metrics.save_tb_folder": _drop("TensorBoard files always go to <dump_folder>/tb here", ("tb",)),
+    "metrics.rank_0_only": _drop("rank 0 writes TensorBoard here", (True,)),
+    "metrics.save_for_all_ranks": _unsup(
+        "nearest: metrics.wandb_every_rank (one W&B run per rank)", (False,)
+    ),
+    "model.norm_type": _drop("Llama 3 uses RMSNorm; it is the only norm here", ("rmsnorm",)),
+    "model.hf_assets_path": _custom("model.tokenizer_path"),
+    "model.converters": _custom("float8.enable"),
+    "model.print_after_conversion": _drop("the run header prints the converted model's summary"),
+    "optimizer.fused": _custom("optimizer.implementation"),
+    "optimizer.early_step_in_backward": _unsup("no optimizer-in-backward here", (False,)),
+    "lr_scheduler.lr_min": _rn("lr_scheduler.min_lr_factor", "a fraction of optimizer.lr in both"),
+    "lr_scheduler.total_steps": _unsup("the schedule spans training.steps here", (None,)),
+    "training.batch_size": _rn("training.local_batch_size"),
+    "training.warmup_steps": _rn("lr_scheduler.warmup_steps"),
+    "training.data_parallel_replicate_degree": _rn("parallelism.data_parallel_replicate_degree"),
+    "training.data_parallel_shard_degree": _rn("parallelism.data_parallel_shard_degree"),
+    "training.tensor_parallel_degree": _rn("parallelism.tensor_parallel_degree"),
+    "training.enable_cpu_offload": _rn("parallelism.fsdp_cpu_offload"),
+    "training.disable_loss_parallel": _rn("parallelism.enable_loss_parallel", "negated", fn=lambda v: not v),
+    "training.compile": _rn("compile.enable"),
+    "training.dataset": _custom("data.dataset"),
+    "training.dataset_path": _rn("data.dataset_path", _DATA_FILES),
+    "training.gc_debug": _unsup("no GC debug mode here", (False,)),
+    "training.dtype": _unsup("parameters are float32 here (bf16 compute by mixed precision)", ("float32",)),
+    "training.dataloader": _drop("the data loader runs in the training process here (no worker options)"),
+    "experimental.context_parallel_degree": _rn("parallelism.context_parallel_degree"),
+    "experimental.context_parallel_rotate_method": _rn("parallelism.context_parallel_rotate_method"),
+    "experimental.pipeline_parallel_degree": _rn("parallelism.pipeline_parallel_degree"),
+    "experimental.pipeline_parallel_split_points": _rn("parallelism.pipeline_parallel_split_points"),
+    "experimental.pipeline_parallel_schedule": _custom("parallelism.pipeline_parallel_schedule"),
+    "experimental.pipeline_parallel_schedule_csv": _unsup(
+        "nearest: parallelism.pipeline_parallel_schedule", ("",)
+    ),
+    "experimental.pipeline_parallel_microbatches": _custom("parallelism.pipeline_parallel_microbatch_size"),
+    "experimental.enable_async_tensor_parallel": _custom(),
+    "experimental.enable_compiled_autograd": _unsup("no compiled autograd here", (False,)),
+    "experimental.custom_import": _unsup("no Python is executed from configs here", ("",)),
+    "experimental.custom_args_module": _unsup("no Python is executed from configs here", ("",)),
+    "parallelism.enable_async_tensor_parallel": _custom(),
+    "parallelism.disable_loss_parallel": _rn(
+        "parallelism.enable_loss_parallel", "negated", fn=lambda v: not v
+    ),
+    "parallelism.enable_compiled_autograd": _unsup("no compiled autograd here", (False,)),
+    "parallelism.pipeline_parallel_schedule": _custom("parallelism.pipeline_parallel_schedule"),
+    "parallelism.pipeline_parallel_schedule_csv": _unsup(
+        "nearest: parallelism.pipeline_parallel_schedule", ("",)
+    ),
+    "parallelism.pipeline_parallel_layers_per_stage": _unsup(
+        "nearest: parallelism.pipeline_parallel_split_points", (None,)
+    ),
+    "parallelism.pipeline_parallel_first_stage_less_layers": _unsup(
+        "nearest: parallelism.pipeline_parallel_split_points", (1,)
+    ),
+    "parallelism.pipeline_parallel_last_stage_less_layers": _unsup(
+        "nearest: parallelism.pipeline_parallel_split_points", (1,)
+    ),
+    "parallelism.module_fqns_per_model_part": _unsup(
+        "nearest: parallelism.pipeline_parallel_split_points", (None,)
+    ),
+    "parallelism.pipeline_parallel_expert_parallel_overlap": _drop("no MoE models here"),
+    "parallelism.context_parallel_load_balancer": _drop(
+        "ours balances causal load across cp ranks by itself"
+    ),
+    "parallelism.expert_parallel_degree": _unsup("no MoE models here", (1,)),
+    "parallelism.expert_tensor_parallel_degree": _unsup("no MoE models here", (1,)),
+    "parallelism.expert_parallel_comm_backend": _unsup("no MoE models here", ("standard",)),
+    "checkpoint.enable_checkpoint": _rn("checkpoint.enable"),
+    "checkpoint.interval_type": _drop("checkpoint.interval counts steps here", ("steps",)),
+    "checkpoint.model_weights_only": _rn("checkpoint.last_save_model_only"),
+    "checkpoint.async_mode": _custom("checkpoint.async_mode"),
+    "checkpoint.exclude_from_loading": _unsup("a resume loads everything here", ([],)),
+    "checkpoint.enable_first_step_checkpoint": _unsup("nearest: checkpoint.create_seed_checkpoint", (False,)),
+    "checkpoint.last_save_in_hf": _unsup(
+        "nearest: python scripts/convert_dcp_to_hf.py after training", (False,)
+    ),
+    "checkpoint.initial_load_in_hf": _unsup(
+        "nearest: python scripts/convert_hf_to_dcp.py, then checkpoint.initial_load_path", (False,)
+    ),
+    "checkpoint.initial_load_in_hf_quantized": _unsup("no quantized HF loading here", (False,)),
+    "checkpoint.enable_ft_dataloader_checkpoints": _drop(
+        "no torchft here; the data loader state is always saved"
+    ),
+    "checkpoint.load_only": _unsup(
+        "nearest: scripts/generate.py or scripts/perplexity.py --checkpoint", (False,)
+    ),
+    "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": _drop(
+        "ours' selective 'op' policy saves every matmul and attention output"
+    ),
+    "activation_checkpoint.early_stop": _unsup("no such option here", (False,)),
+    "activation_checkpoint.memory_budget": _drop("used only by torchtitan's memory_budget mode"),
+    "activation_checkpoint.visualize_memory_budget_pareto": _unsup("no such option here", (False,)),
+    "activation_checkpoint.preserve_rng_state": _drop("ours preserves the RNG state (dropout-free model)"),
+    "activation_checkpoint.determinism_check": _drop("torch's default check applies here", ("default",)),
+    "activation_checkpoint.debug": _unsup("no such option here", (False,)),
+    "compile.backend": _unsup("ours compiles with inductor", ("inductor",)),
+    "validation.enabled": _rn("validation.enable"),
+    "validation.dataset": _custom("validation.dataset"),
+    "validation.dataset_path": _rn("validation.dataset_path", _DATA_FILES),
+    "validation.local_batch_size": _custom("training.local_batch_size"),
+    "validation.seq_len": _custom("training.seq_len"),
+    "validation.steps": _custom("validation.steps"),
+    "validation.dataloader": _drop("the data loader runs in the training process here (no worker options)"),
+    "comm.trace_buf_size": _drop(
+        "NCCL's flight recorder is set by TORCH_NCCL_TRACE_BUFFER_SIZE in the environment"
+    ),
+    "comm.save_traces_folder": _drop(
+        "NCCL's flight recorder dumps go where TORCH_NCCL_DEBUG_INFO_TEMP_FILE says"
+    ),
+    "comm.save_traces_file_prefix": _drop(
+        "NCCL's flight recorder dumps go where TORCH_NCCL_DEBUG_INFO_TEMP_FILE says"
+    ),
+    "memory_estimation.enabled": _custom(),
+    "memory_estimation.enable": _custom(),
+    "memory_estimation.disable_fake_mode": _drop("the estimator is analytic here (no fake tensors)"),
+    "fault_tolerance.enable": _unsup("no torchft here; nearest: checkpoints and a restart", (False,)),
+    "debug.seed": _rn("training.seed"),
+    "debug.deterministic": _rn("training.deterministic"),
+    "debug.deterministic_warn_only": _unsup("deterministic mode raises here", (False,)),
+    "debug.moe_force_load_balance": _drop("no MoE models here"),
+    **{f"float8.{k}": r for k, r in _FLOAT8.items()},
+    **{f"quantize.linear.float8.{k}": r for k, r in _FLOAT8.items() if k != "enable_float8_linear"},
+}
+# Names a parser user may type from torchtitan's docs: the table's renames answer them directly.
+_PROSE = {
+    "model.converters": 'model.converters = ["float8"] is float8.enable = true here',
+    "quantize": "torchtitan's [quantize.linear.float8] is [float8] here",
+    "experimental": "torchtitan's [experimental] degrees are in [parallelism] here",
+    "float8.enable_float8_linear": "torchtitan's float8.enable_float8_linear is float8.enable here",
+}
+
+# The last torchtitan defaults that differ from ours; written explicitly when the file leaves them unset.
+# (key, {era: torchtitan's default}, our default, why it matters)
+_DEFAULTS = [
+    ("checkpoint.keep_latest_k", {"2024": 0, "2025": 10, "2026": 10}, 0, "torchtitan keeps the newest 10"),
+    (
+        "checkpoint.last_save_model_only",
+        {"2024": False, "2025": True, "2026": True},
+        False,
+        "torchtitan's last checkpoint holds the weights only",
+    ),
+    ("activation_checkpoint.mode", dict.fromkeys(ERAS, "selective"), "none", "torchtitan's default AC"),
+    ("training.steps", dict.fromkeys(ERAS, 10000), 1000, "torchtitan's default step count"),
+    (
+        "metrics.enable_tensorboard",
+        dict.fromkeys(ERAS, False),
+        True,
+        "torchtitan writes no TensorBoard by default",
+    ),
+]
+
+_MARKERS = {
+    "2024": (
+        "training.batch_size",
+        "training.warmup_steps",
+        "training.tensor_parallel_degree",
+        "training.data_parallel_shard_degree",
+        "experimental.pipeline_parallel_degree",
+        "experimental.context_parallel_degree",
+        "checkpoint.interval_type",
+        "checkpoint.model_weights_only",
+        "float8.enable_float8_linear",
+        "model.norm_type",
+    ),
+    "2026": (
+        "model.hf_assets_path",
+        "checkpoint.enable",
+        "compile.enable",
+        "lr_scheduler.min_lr_factor",
+        "validation.enable",
+        "job.print_config",
+        "quantize.linear.float8.filter_fqns",
+    ),
+    "2025": (
+        "lr_scheduler.lr_min",
+        "validation.enabled",
+        "parallelism.tensor_parallel_degree",
+        "training.local_batch_size",
+        "checkpoint.last_save_model_only",
+    ),
+}
+
+# torchtitan's flavors of llama3 that ours shares; their shape differences by era are written as overrides.
+_FLAVORS = ("debugmodel", "8B", "70B", "405B")
+_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+_MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+def flatten(toml: dict) -> dict[str, Any]:
+    """{'quantize': {'linear': {'float8': {'emulate': True}}}} -> {'quantize.linear.float8.emulate': True}.
+
+    Tables that are values of a known key (training.dataloader) stay whole."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, table: dict):
+        for k, v in table.items():
+            name = f"{prefix}.{k}" if prefix else k
+            if isinstance(v, dict) and name not in KEYS:
+                walk(name, v)
+            else:
+                out[name] = v
+
+    walk("", toml)
+    return out
+
+
+def _our_keys() -> set[str]:
+    from .job_config import JobConfig
+
+    hints = typing.get_type_hints(JobConfig)
+    return {
+        f"{f.name}.{g.name}" for f in dataclasses.fields(JobConfig) for g in dataclasses.fields(hints[f.name])
+    }
+
+
+def torchtitan_keys_in(toml: dict) -> list[str]:
+    """Keys of a parsed TOML file that are torchtitan's and not ours (empty: not a torchtitan file)."""
+    ours = _our_keys()
+    return [k for k in flatten(toml) if k in KEYS and k not in ours]
+
+
+def hint(name: str) -> str | None:
+    """For a key (or section) the parser does not know: what it is here, when it is a torchtitan name."""
+    if name in _PROSE:
+        return _PROSE[name]
+    rule = KEYS.get(name)
+    if rule is None:
+        return None
+    if rule.kind == "rename":
+        neg = " (negated)" if rule.fn is not None else ""
+        return f"torchtitan's {name} is '{rule.target}' here{neg}"
+    if rule.kind == "custom" and rule.target:
+        return f"torchtitan's {name} maps to '{rule.target}' here ({CONVERTER} explains how)"
+    return f"torchtitan's {name}: {rule.note or 'see ' + CONVERTER}"
+
+
+def detect_era(keys: dict[str, Any]) -> tuple[str, str]:
+    """(era, the key that decided it)."""
+    for era in ("2024", "2026", "2025"):
+        for k in _MARKERS[era]:
+            if k in keys:
+                return era, k
+    return "2026", "no era-specific key (taken as the last TOML files)"
+
+
+# ------------------------------------------------------------------------------------------------ conversion
+
+
+@dataclass
+class Conversion:
+    era: str
+    config: dict[str, dict[str, Any]]  # our section -> key -> value
+    decisions: list[tuple[str, str]]  # (kind, one line)
+    origin: dict[str, str]  # our "section.key" -> the torchtitan key it came from (for error messages)
+
+
+class _Converter:
+    def __init__(self, keys: dict[str, Any], era: str, source: str):
+        self.keys, self.era, self.source = keys, era, source
+        self.out: dict[str, dict[str, Any]] = {}
+        self.decisions: list[tuple[str, str]] = []
+        self.origin: dict[str, str] = {}
+
+    def say(self, kind: str, text: str) -> None:
+        self.decisions.append((kind, text))
+
+    def fail(self, key: str, value, why: str):
+        raise ConversionError(
+            f"{self.source}: torchtitan's {key} = {_fmt(value)} cannot be expressed here: {why}"
+        )
+
+    def put(self, target: str, value, tt_key: str, kind: str | None = None, why: str = "") -> None:
+        section, key = target.split(".", 1)
+        self.out.setdefault(section, {})[key] = value
+        self.origin[target] = tt_key
+        if kind is None:
+            if tt_key == target:
+                kind = "kept" if self.keys.get(tt_key) == value else "mapped"
+            elif tt_key.split(".")[0] == section:
+                kind = "renamed"
+            else:
+                kind = "moved"
+        if kind in ("default", "shape", "replaced") or tt_key not in self.keys:
+            line = f"{target} = {_fmt(value)}"
+        else:
+            line = f"{tt_key} = {_fmt(self.keys[tt_key])}"
+            if kind != "kept":
+                line += f" -> {target} = {_fmt(value)}"
+        self.say(kind, line + (f" ({why})" if why else ""))
+
+    def get(self, target: str, default=None):
+        section, key = target.split(".", 1)
+        return self.out.get(section, {}).get(key, default)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return repr(v)
+
+
+def convert(
+    toml: dict, source: str = "config", era: str | None = None, tokenizer_path: str | None = None
+) -> Conversion:
+    """Our config sections for a torchtitan llama3 TOML (parsed), with one decision line per key and per
+    difference in meaning. Raises ConversionError (one line) for a value that cannot be expressed here."""
+    keys = flatten(toml)
+    if era is None:
+        era, why = detect_era(keys)
+        detected = f"era {era}: detected from {why}"
+    else:
+        if era not in ERAS:
+            raise ConversionError(f"--era {era!r} is not one of {', '.join(ERAS)}")
+        detected = f"era {era}: given"
+    c = _Converter(keys, era, source)
+    c.say("info", detected)
+    ours = _our_keys()
+
+    for tt_key, value in keys.items():
+        rule = KEYS.get(tt_key)
+        if rule is None:
+            if tt_key in ours:
+                c.put(tt_key, value, tt_key)
+                continue
+            c.fail(tt_key, value, f"torchtitan option unknown to this converter; see `{CONVERTER} --help`")
+        if rule.kind == "rename":
+            c.put(rule.target, rule.fn(value) if rule.fn else value, tt_key, why=rule.note)
+        elif rule.kind == "drop":
+            if rule.ok is not _ANY and value not in rule.ok:
+                c.fail(tt_key, value, rule.note)
+            c.say("dropped", f"{tt_key} = {_fmt(value)}: already our behaviour: {rule.note}")
+        elif rule.kind == "unsupported":
+            if value not in rule.ok:
+                c.fail(tt_key, value, f"not supported here; {rule.note}")
+            c.say(
+                "dropped", f"{tt_key} = {_fmt(value)}: torchtitan's default, nothing to carry ({rule.note})"
+            )
+        else:
+            _CUSTOM[tt_key](c, tt_key, value)
+
+    _model(c, tokenizer_path)
+    _defaults(c)
+    _warnings(c)
+    _check(c)
+    return Conversion(era, c.out, c.decisions, c.origin)
+
+
+# ---- custom keys: each (converter, torchtitan key, value)
+
+
+def _memory_snapshot(c: _Converter, k, v):
+    if v:
+        freq = c.keys.get("profiling.profile_freq", 10)
+        c.put(
+            "profiling.memory_snapshot_steps",
+            [freq],
+            k,
+            "moved",
+            "torchtitan snapshots memory every profile_freq steps; ours at the listed steps (and on OOM): list"
+            " the steps you want",
+        )
+    else:
+        c.say(
+            "dropped",
+            f"{k} = false: ours records no memory snapshot unless profiling.memory_snapshot_steps lists steps",
+        )
+
+
+def _hf_assets(c: _Converter, k, v):
+    if "model.tokenizer_path" in c.keys and c.keys["model.tokenizer_path"] is not None:
+        c.say("dropped", f"{k} = {_fmt(v)}: model.tokenizer_path is set and wins, as in torchtitan")
+        return
+    c.put(
+        "model.tokenizer_path",
+        v,
+        k,
+        why="the folder's tokenizer.json/tokenizer_config.json (or original/tokenizer.model) is read; its weights"
+        " are not: convert them with scripts/convert_hf_to_dcp.py and set checkpoint.initial_load_path",
+    )
+
+
+def _converters(c: _Converter, k, v):
+    names = list(v) if isinstance(v, list) else [v]
+    for name in names:
+        if name not in ("float8", "quantize.linear.float8"):
+            c.fail(k, v, f"only float8 (torchao float8 training) is supported here; '{name}' is not")
+    if names:
+        c.put("float8.enable", True, k, "moved")
+    else:
+        c.say("dropped", f"{k} = []: no model converter, as here by default")
+
+
+def _fused(c: _Converter, k, v):
+    c.put("optimizer.implementation", "fused" if v else "foreach", k)
+
+
+def _dataset(c: _Converter, k, v):
+    path = c.keys.get("training.dataset_path")
+    if v == "c4":
+        c.put(
+            "data.dataset",
+            "c4",
+            k,
+            why="allenai/c4 'en', streamed from the Hugging Face Hub, as in torchtitan",
+        )
+    elif v in ("c4_test", "c4_mini"):
+        c.put(
+            "data.dataset",
+            "debug_corpus",
+            k,
+            why=f"torchtitan's {v} is a small C4 extract shipped in its repository (tests/assets/{v}); ours ships"
+            " debug_corpus (offline); to train on the same documents set data.dataset_path to"
+            f" <torchtitan checkout>/tests/assets/{v}"
+            + (" (done: training.dataset_path is set)" if path else ""),
+        )
+    elif v == "c4_validation":
+        c.fail(k, v, "C4's validation split is held-out data: set it as validation.dataset")
+    else:
+        if path:
+            c.say(
+                "dropped", f"{k} = {_fmt(v)}: training.dataset_path names the files, which is all ours needs"
+            )
+            return
+        c.fail(
+            k,
+            v,
+            "not a dataset here; built-in sources are c4 and debug_corpus, or set data.dataset_path to its"
+            " .json/.jsonl/.parquet/.txt files",
+        )
+
+
+def _val_dataset(c: _Converter, k, v):
+    if v == "c4_validation":
+        c.put("validation.dataset", "c4", k, why="C4 'en' validation split, as torchtitan's c4_validation")
+        c.put("validation.split", "validation", k, "moved", "the split is its own key here")
+    elif v in ("c4_test", "c4_mini"):
+        c.put(
+            "validation.dataset",
+            "debug_corpus",
+            k,
+            why=f"ours has no {v}; debug_corpus ships a validation split",
+        )
+        c.put("validation.split", "validation", k, "moved", "the split is its own key here")
+    elif v == "c4":
+        c.put("validation.dataset", "c4", k, why="torchtitan read C4's train split: the data you train on")
+        c.put("validation.split", "train", k, "moved", "the split is its own key here")
+    elif c.keys.get("validation.dataset_path"):
+        c.say("dropped", f"{k} = {_fmt(v)}: validation.dataset_path names the files")
+    else:
+        c.fail(k, v, "not a dataset here; built-in sources are c4 (split validation) and debug_corpus")
+
+
+def _val_shape(c: _Converter, k, v):
+    if k.endswith("local_batch_size"):
+        train_key, train = "training.local_batch_size", c.get("training.local_batch_size", 8)
+    else:
+        train_key, train = "training.seq_len", c.get("training.seq_len", 2048)
+    if v == train:
+        c.say("dropped", f"{k} = {v}: ours validates with {train_key} = {train}, the same")
+    elif c.keys.get("validation.enable", c.keys.get("validation.enabled", False)):
+        c.fail(k, v, f"validation runs at {train_key} = {train} here (micro-batches of the training shape)")
+    else:
+        c.say("dropped", f"{k} = {v}: validation is off; when on, ours validates at {train_key} = {train}")
+
+
+def _val_steps(c: _Converter, k, v):
+    if v == -1:
+        if c.keys.get("validation.enable", c.keys.get("validation.enabled", False)):
+            c.fail(k, v, "ours validates a fixed number of batches (read once, kept in memory): set a count")
+        c.say("dropped", f"{k} = -1 (whole split): validation is off; ours needs a count when it is on")
+        return
+    c.put("validation.steps", v, k)
+    if v > 200:
+        c.say(
+            "warning",
+            f"validation.steps = {v}: ours reads all validation batches once at start and keeps them in memory"
+            " (steps x validation global batch x (seq_len + 1) int64 tokens per rank); lower it if that is large",
+        )
+
+
+def _async_tp(c: _Converter, k, v):
+    if v:
+        c.say(
+            "unsupported",
+            f"{k} = true: dropped; async tensor parallel is not applied by this trainer (TP runs synchronously);"
+            " nearest: python -m torchtitan.estimate --estimate.async_tp=true shows what it would save",
+        )
+    else:
+        c.say("dropped", f"{k} = false: already our behaviour (synchronous TP)")
+
+
+def _async_mode(c: _Converter, k, v):
+    if v == "async_with_pinned_mem":
+        c.put("checkpoint.async_mode", "async", k, "renamed", "ours has no pinned-memory staging variant")
+    else:
+        c.put("checkpoint.async_mode", v, k)
+
+
+def _schedule(c: _Converter, k, v):
+    if v not in _SCHEDULES:
+        c.fail(k, v, f"schedules here: {', '.join(_SCHEDULES)}")
+    c.put("parallelism.pipeline_parallel_schedule", v, k)
+    if v in _MULTI_STAGE:
+        c.put(
+            "parallelism.pipeline_parallel_stages_per_rank",
+            2,
+            k,
+            "moved",
+            "torchtitan gives multi-stage schedules 2 stages per rank unless told otherwise; ours says so here",
+        )
+
+
+def _microbatches(c: _Converter, k, v):
+    if v is None:
+        c.say(
+            "dropped",
+            f"{k} = none: ours splits the local batch into micro-batches of 1 by default, as torchtitan",
+        )
+        return
+    batch = c.keys.get("training.batch_size", 8)
+    if v < 1 or batch % v:
+        c.fail(k, v, f"ours sets the micro-batch size; training.batch_size {batch} is not divisible by {v}")
+    c.put(
+        "parallelism.pipeline_parallel_microbatch_size",
+        batch // v,
+        k,
+        "moved",
+        f"{batch} / {v} micro-batches",
+    )
+
+
+def _recipe(c: _Converter, k, v):
+    if v is None:
+        c.say("dropped", f"{k} = none: tensorwise, our default too")
+    elif v in ("tensorwise", "rowwise"):
+        c.put("float8.recipe", v, k)
+    else:
+        c.fail(k, v, "recipes here: tensorwise, rowwise")
+
+
+def _filter_fqns(c: _Converter, k, v):
+    if set(v) <= {"output"}:
+        c.say(
+            "dropped",
+            f"{k} = {_fmt(v)}: already our behaviour: the output head is never converted, and linears with a"
+            " dimension below float8.min_dim (1024) stay in high precision",
+        )
+    else:
+        c.fail(k, v, "ours filters by size (float8.min_dim) and always skips the output head, not by name")
+
+
+def _memory_estimation(c: _Converter, k, v):
+    c.say(
+        "dropped",
+        f"{k} = {_fmt(v)}: ours estimates memory without running: `python -m torchtitan.preflight` prints the"
+        " per-device peak, `python -m torchtitan.estimate` the details",
+    )
+
+
+_CUSTOM = {
+    "profiling.enable_memory_snapshot": _memory_snapshot,
+    "model.hf_assets_path": _hf_assets,
+    "model.converters": _converters,
+    "optimizer.fused": _fused,
+    "training.dataset": _dataset,
+    "validation.dataset": _val_dataset,
+    "validation.local_batch_size": _val_shape,
+    "validation.seq_len": _val_shape,
+    "validation.steps": _val_steps,
+    "experimental.enable_async_tensor_parallel": _async_tp,
+    "parallelism.enable_async_tensor_parallel": _async_tp,
+    "checkpoint.async_mode": _async_mode,
+    "experimental.pipeline_parallel_schedule": _schedule,
+    "parallelism.pipeline_parallel_schedule": _schedule,
+    "experimental.pipeline_parallel_microbatches": _microbatches,
+    "memory_estimation.enabled": _memory_estimation,
+    "memory_estimation.enable": _memory_estimation,
+}
+for _prefix in ("float8", "quantize.linear.float8"):
+    _CUSTOM[f"{_prefix}.recipe_name"] = _recipe
+    _CUSTOM[f"{_prefix}.filter_fqns"] = _filter_fqns
+
+
+# ---- the model: flavor shapes, RoPE scaling and vocabulary by era
+
+
+def _model(c: _Converter, tokenizer_override: str | None) -> None:
+    name = c.keys.get("model.name", "llama3")
+    if name not in ("llama3", "llama"):
+        c.fail("model.name", name, "only llama3 is supported here")
+    flavor = c.keys.get("model.flavor", "debugmodel")
+    if flavor not in _FLAVORS:
+        c.fail(
+            "model.flavor",
+            flavor,
+            f"flavors shared with torchtitan: {', '.join(_FLAVORS)} (flex/varlen attention variants are not here)",
+        )
+    if tokenizer_override:
+        c.put(
+            "model.tokenizer_path", tokenizer_override, "model.tokenizer_path", "replaced", "--tokenizer-path"
+        )
+    elif c.get("model.tokenizer_path") is None:
+        default = (
+            "./tests/assets/tokenizer"
+            if c.era == "2026"
+            else "./torchtitan/datasets/tokenizer/tokenizer.model"
+        )
+        c.put(
+            "model.tokenizer_path",
+            default,
+            "model.tokenizer_path",
+            "default",
+            "torchtitan's default tokenizer",
+        )
+    tok_path = c.get("model.tokenizer_path")
+    c.say(
+        "info",
+        f"model.tokenizer_path {tok_path}: read as a tiktoken file (Meta's Llama 3 tokenizer.model), a Hugging"
+        " Face tokenizer.json folder or a sentencepiece model; a relative path is taken from where you launch",
+    )
+    scaled = c.era == "2026"
+    if flavor == "debugmodel":
+        c.put(
+            "model.n_kv_heads",
+            16,
+            "model.flavor",
+            "shape",
+            "torchtitan's debugmodel has 16 key/value heads (no GQA); ours has 4: delete this line for ours",
+        )
+        if scaled:
+            c.put(
+                "model.rope_scaling_factor",
+                8.0,
+                "model.flavor",
+                "shape",
+                "torchtitan applied Llama 3.1 RoPE scaling (factor 8) to every llama3 flavor from PR #1839"
+                " (Oct 2025); ours scales none of the debug flavors; a checkout older than that: use 1.0",
+            )
+        _debug_vocab(c, tok_path)
+    elif not scaled:
+        c.put(
+            "model.rope_scaling_factor",
+            1.0,
+            "model.flavor",
+            "shape",
+            f"torchtitan's {flavor} had no RoPE scaling before PR #1839 (Oct 2025); ours scales it by 8 as Llama 3.1"
+            " does: delete this line for ours",
+        )
+    else:
+        c.say(
+            "info", f"model.flavor {flavor}: Llama 3.1 RoPE scaling (factor 8), as in torchtitan's last files"
+        )
+
+
+def _debug_vocab(c: _Converter, tok_path: str) -> None:
+    """torchtitan's debugmodel took its vocabulary size from the tokenizer (fixed 2,048 in its last files, with
+    a smaller test tokenizer); ours has 2,048 and requires the tokenizer's size exactly."""
+    from torchtitan.data.tokenizer import build_tokenizer
+
+    if c.get("model.vocab_size") is not None:
+        return
+    try:
+        size = build_tokenizer(tok_path).vocab_size
+    except UserError as e:
+        c.say(
+            "warning",
+            f"model.vocab_size not written: the tokenizer could not be read here ({e}); our debugmodel has 2,048"
+            " tokens and must match the tokenizer: set model.vocab_size (preflight tells the size) or convert"
+            " again with --tokenizer-path",
+        )
+        return
+    why = (
+        "torchtitan's debugmodel took its vocabulary size from the tokenizer"
+        if c.era != "2026"
+        else "torchtitan's debugmodel had 2,048 embedding rows whatever the tokenizer's size; ours needs exactly"
+        " the tokenizer's size"
+    )
+    c.put("model.vocab_size", size, "model.flavor", "shape", f"{why}: {tok_path} has {size}")
+
+
+def _defaults(c: _Converter) -> None:
+    for key, by_era, ours, why in _DEFAULTS:
+        theirs = by_era[c.era]
+        if theirs == ours or c.get(key) is not None or key in c.keys:
+            continue
+        c.put(key, theirs, key, "default", f"unset in the file: {why}; ours defaults to {_fmt(ours)}")
+    if (
+        c.get("activation_checkpoint.mode") == "selective"
+        and "activation_checkpoint.selective_ac_option" not in c.keys
+    ):
+        c.put(
+            "activation_checkpoint.selective_ac_option",
+            "2",
+            "activation_checkpoint.selective_ac_option",
+            "default",
+            "unset in the file: torchtitan's default is '2' (every 2nd block), ours 'op'",
+        )
+    if c.get("checkpoint.enable") and c.get("checkpoint.interval") is None:
+        pass  # 500 in both
+
+
+def _warnings(c: _Converter) -> None:
+    warmup = c.get("lr_scheduler.warmup_steps", 200)
+    if c.era != "2024" and warmup:
+        c.say(
+            "warning",
+            f"lr_scheduler.warmup_steps = {warmup}: the warmup factor at step s is s/(w+1) here (as in torchtitan's 2024"
+            f" files) but s/w in torchtitan's later ones: the first {warmup} steps run at w/(w+1) ="
+            f" {warmup / (warmup + 1):.3f} of its learning rate, the same from step {warmup + 1} on",
+        )
+    c.say(
+        "warning",
+        f"optimizer.weight_decay = {c.get('optimizer.weight_decay', 0.1)}: applied to weight matrices only here;"
+        " torchtitan decays every parameter, norms and embeddings included (no option reproduces that)",
+    )
+    if (
+        c.get("activation_checkpoint.mode") == "selective"
+        and c.get("activation_checkpoint.selective_ac_option") == "op"
+    ):
+        c.say(
+            "warning",
+            "activation_checkpoint selective 'op': ours saves every matmul and attention output; torchtitan's op"
+            " policy recomputes every second matmul, so ours uses more memory and less recompute",
+        )
+    if c.get("float8.enable"):
+        c.say(
+            "warning",
+            "float8: ours skips linears with a dimension below float8.min_dim (1024) and the output head;"
+            " torchtitan converted every linear its filter_fqns did not name",
+        )
+    if "training.seed" not in c.origin:
+        c.say(
+            "info",
+            "training.seed: unset in the file (torchtitan then fixes no seed); ours seeds 0 by default",
+        )
+
+
+def _check(c: _Converter) -> None:
+    """Every value must be one of ours (type, allowed strings) and the whole must pass our validation."""
+    from . import manager
+    from .job_config import JobConfig
+
+    cfg = JobConfig()
+    for section, table in c.out.items():
+        for key, value in table.items():
+            try:
+                manager._set(cfg, section, key, value, "converted", from_cli=False)
+            except UserError as e:
+                tt = c.origin.get(f"{section}.{key}", f"{section}.{key}")
+                c.fail(tt, c.keys.get(tt, value), str(e).removeprefix("converted: "))
+    try:
+        manager.validate(cfg)
+    except UserError as e:
+        raise ConversionError(f"{c.source}: after conversion: {e}") from None
+
+
+def to_toml(conv: Conversion, source: str) -> str:
+    """Our TOML, sections and keys in JobConfig order, the decisions as comments on top."""
+    from . import manager
+    from .job_config import JobConfig
+
+    hints = typing.get_type_hints(JobConfig)
+    lines = [
+        f"# Converted from the torchtitan config {source} (era {conv.era}) by {CONVERTER}.",
+        "# Decisions (see docs/configuration.md, 'Coming from torchtitan'):",
+    ]
+    lines += [f"#   {kind:<11} {text}" for kind, text in conv.decisions]
+    for f in dataclasses.fields(JobConfig):
+        table = conv.config.get(f.name)
+        if not table:
+            continue
+        lines += ["", f"[{f.name}]"]
+        for g in dataclasses.fields(hints[f.name]):
+            if g.name in table and table[g.name] is not None:
+                lines.append(f"{g.name} = {manager._toml_value(table[g.name])}")
+    return "\n".join(lines) + "\n"
+
+
+def suggested_output(path: str) -> str:
+    p = Path(path)
+    return str(p.with_name(p.stem + "_converted.toml"))
