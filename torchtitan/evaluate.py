@@ -71,6 +71,7 @@ def load_validation_batches(cfg, tokenizer, dims, dp_rank: int) -> list[tuple[to
         seq_len=t.seq_len,
         split=v.split,
         infinite=False,
+        key="validation" if v.dataset or v.dataset_path else "data",
     )
     batches = list(itertools.islice(loader, v.steps))
     if len(batches) < v.steps:

@@ -6,7 +6,8 @@
 
 Checks, each one line of the report: the config (strict), the mesh and every divisibility rule for the world
 size (--world_size, else WORLD_SIZE from a launcher, else 1), the node count, tokenizer against the model's
-vocabulary, the dataset (opened, one document read), every folder the run writes (created and writable: dump
+vocabulary, the dataset and, with validation on, the held-out one (each opened, one document read, errors
+naming its own keys: data.* or validation.*), every folder the run writes (created and writable: dump
 folder, logs, tb, checkpoint and trace folders), the head node (resolvable, rendezvous port free when the head is
 this machine; from --rdzv_endpoint or MASTER_ADDR/MASTER_PORT), and the estimator's per-device peak memory
 (information only, never a failure), plus a warning when the checkpoint folder's free space is below what
@@ -95,28 +96,43 @@ def check_tokenizer(cfg) -> str:
     return f"{cfg.model.tokenizer_path}: {tokenizer.vocab_size} tokens = model vocab_size"
 
 
-def check_dataset(cfg) -> str:
+def _check_source(dataset: str, dataset_path: str | None, split: str, text_field: str, key: str) -> str:
+    """Open one data source, read until a non-empty document; errors name `key`'s config keys."""
     from torchtitan.data.dataset import _open_source, read_error
 
-    d = cfg.data
-    where = f"data.dataset_path {d.dataset_path}" if d.dataset_path else f"data.dataset {d.dataset}"
+    where = f"{key}.dataset_path {dataset_path}" if dataset_path else f"{key}.dataset {dataset}"
     files = ds = None
     try:
-        ds, files, where = _open_source(d.dataset, d.dataset_path, "train")
+        ds, files, where = _open_source(dataset, dataset_path, split, key)
         for i, row in enumerate(ds):
-            if d.text_field not in row:
+            if text_field not in row:
                 raise UserError(
-                    f"data.text_field '{d.text_field}' is not a column of {where}; columns are {', '.join(row)}"
+                    f"data.text_field '{text_field}' is not a column of {where}; columns are {', '.join(row)}"
                 )
-            if isinstance(row[d.text_field], str) and row[d.text_field]:
-                return f"{where}: first document has {len(row[d.text_field]):,} characters"
+            if isinstance(row[text_field], str) and row[text_field]:
+                return f"{where}: first document has {len(row[text_field]):,} characters"
             if i >= 1000:
                 break
     except UserError:
         raise
     except Exception as e:  # network, permissions, corrupt files: whatever the source raises, one line
         raise read_error(e, where, files, ds) from None
-    raise UserError(f"{where} has no non-empty '{d.text_field}' document in its first rows")
+    raise UserError(f"{where} has no non-empty '{text_field}' document in its first rows")
+
+
+def check_dataset(cfg) -> str:
+    d = cfg.data
+    return _check_source(d.dataset, d.dataset_path, "train", d.text_field, "data")
+
+
+def check_validation_data(cfg) -> str:
+    """The held-out source, when validation is on: validation.dataset / dataset_path / split, named as such."""
+    v = cfg.validation
+    if not v.enable:
+        return "validation off"
+    key = "validation" if v.dataset or v.dataset_path else "data"
+    where = _check_source(v.dataset or cfg.data.dataset, v.dataset_path, v.split, cfg.data.text_field, key)
+    return f"split {v.split} of {where}"
 
 
 def check_folders(cfg) -> str:
@@ -193,6 +209,7 @@ def run_checks(cfg, world_size: int, nnodes: int | None = None, endpoint: str | 
         ("nodes", lambda: check_nodes(cfg, world_size, nnodes)),
         ("tokenizer", lambda: check_tokenizer(cfg)),
         ("dataset", lambda: check_dataset(cfg)),
+        ("validation", lambda: check_validation_data(cfg)),
         ("folders", lambda: check_folders(cfg)),
         ("rendezvous", lambda: check_rendezvous(endpoint)),
     ]

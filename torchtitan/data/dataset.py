@@ -51,11 +51,11 @@ def _builder_for(path: str) -> str | None:
     return _BUILDERS.get(Path(name).suffix)
 
 
-def _list_files(p: Path, spec: str) -> list[str]:
+def _list_files(p: Path, spec: str, key: str = "data") -> list[str]:
     """Every file under folder `p`, sorted; a folder that cannot be read is an error, not silently skipped."""
 
     def fail(e: OSError):
-        raise UserError(f"data.dataset_path {spec}: cannot read folder {e.filename}: {e.strerror}")
+        raise UserError(f"{key}.dataset_path {spec}: cannot read folder {e.filename}: {e.strerror}")
 
     found = []
     for d, dirs, names in os.walk(p, onerror=fail):
@@ -64,9 +64,10 @@ def _list_files(p: Path, spec: str) -> list[str]:
     return sorted(found)
 
 
-def _load_files(spec: str):
+def _load_files(spec: str, key: str = "data"):
     """(HF dataset, files): a file, a glob or a folder of .json/.jsonl/.parquet/.txt files, streamed by the
-    matching builder. `files` is (builder, [paths]), kept to name the file behind a read error."""
+    matching builder. `files` is (builder, [paths]), kept to name the file behind a read error. `key`: the
+    config section whose dataset_path this is (data or validation), named in errors."""
     from datasets import load_dataset
 
     # The builders log a read failure as an ERROR line before raising it; read_error reports it (one line that
@@ -76,31 +77,31 @@ def _load_files(spec: str):
     if any(ch in spec for ch in "*?["):
         candidates = sorted(glob.glob(str(p), recursive=True))
     elif p.is_dir():
-        candidates = _list_files(p, spec)
+        candidates = _list_files(p, spec, key)
     elif p.is_file():
         candidates = [str(p)]
     else:
         raise UserError(
-            f"data.dataset_path {spec} does not exist; expected a {_FILE_TYPES} file, a glob or a folder"
+            f"{key}.dataset_path {spec} does not exist; expected a {_FILE_TYPES} file, a glob or a folder"
         )
     files = [f for f in candidates if Path(f).is_file() and _builder_for(f)]
     if not files:
-        raise UserError(f"data.dataset_path {spec} matches no {_FILE_TYPES} files")
+        raise UserError(f"{key}.dataset_path {spec} matches no {_FILE_TYPES} files")
     builders = {_builder_for(f) for f in files}
     if len(builders) > 1:
         raise UserError(
-            f"data.dataset_path {spec} mixes file types ({', '.join(sorted(builders))}); use one type"
+            f"{key}.dataset_path {spec} mixes file types ({', '.join(sorted(builders))}); use one type"
         )
     builder = builders.pop()
     # A user's files are one split: everything found is read, whatever split was asked for.
     try:
         return load_dataset(builder, data_files=files, split="train", streaming=True), (builder, files)
     except StopIteration:  # datasets' schema inference reads the first record; an empty file has none
-        raise UserError(f"data.dataset_path {spec} holds no records (empty file?)") from None
+        raise UserError(f"{key}.dataset_path {spec} holds no records (empty file?)") from None
     except UserError:
         raise
     except Exception as e:  # parquet's schema is read here: a corrupt file fails before any row
-        raise read_error(e, f"data.dataset_path {spec}", (builder, files)) from None
+        raise read_error(e, f"{key}.dataset_path {spec}", (builder, files)) from None
 
 
 # ------------------------------------------------------------------------------------------------ read errors
@@ -181,45 +182,61 @@ def _bad_file(path: str, err: BaseException) -> str:
     return f"{path} is not valid {kind} ({_short(err)}); fix or remove it"
 
 
-def _load_c4(split: str):
+def _load_c4(split: str, key: str = "data"):
     from datasets import load_dataset
 
     try:
         return load_dataset("allenai/c4", name="en", split=split, streaming=True)
     except Exception as e:  # hub failures come in many types (offline, DNS, auth, missing split)
         raise UserError(
-            f"data.dataset=c4 could not be opened from the Hugging Face Hub (allenai/c4, split {split}): "
-            f"{str(e).splitlines()[0][:160]}; check the network, or use data.dataset=debug_corpus or data.dataset_path"
+            f"{key}.dataset=c4 could not be opened from the Hugging Face Hub (allenai/c4, split {split}): "
+            f"{str(e).splitlines()[0][:160]}; check the network, or use {key}.dataset=debug_corpus or"
+            f" {key}.dataset_path"
         ) from None
 
 
-def _load_debug_corpus(split: str):
+def _load_debug_corpus(split: str, key: str = "data"):
     path = DEBUG_CORPUS_DIR / f"{split}.jsonl"
     if not path.is_file():
+        where = "split" if split == "train" else "validation.split"  # training always reads train
         raise UserError(
-            f"debug_corpus split '{split}' not found at {path}; splits are train, validation "
+            f"debug_corpus {where} '{split}' not found at {path}; splits are train, validation "
             "(regenerate with python scripts/make_assets.py)"
         )
-    return _load_files(str(path))
+    return _load_files(str(path), key)
 
 
-# Built-in sources: name -> (split -> HF IterableDataset, or (dataset, (builder, files)) for local files, so that a
-# read error can name its file). Each yields dicts with a "text" field.
+# Built-in sources: name -> ((split, key) -> HF IterableDataset, or (dataset, (builder, files)) for local files, so
+# that a read error can name its file; key = the config section asking, named in errors). Each yields dicts with a
+# "text" field.
 DATASETS: dict[str, Callable] = {"c4": _load_c4, "debug_corpus": _load_debug_corpus}
 
 
-def _open_source(dataset: str, dataset_path: str | None, split: str):
-    """(HF dataset, (builder, files) of local files or None, the source's name for messages)."""
+# torchtitan's dataset names (its llama3 configs use them) and what they are here.
+_TORCHTITAN_NAMES = {
+    "c4_validation": "dataset c4 with split validation",
+    "c4_test": "debug_corpus (ours, offline), or dataset_path = <torchtitan>/tests/assets/c4_test for the same"
+    " documents",
+    "c4_mini": "debug_corpus (ours, offline)",
+}
+
+
+def _open_source(dataset: str, dataset_path: str | None, split: str, key: str = "data"):
+    """(HF dataset, (builder, files) of local files or None, the source's name for messages).
+
+    key: the config section the source comes from ("data" or "validation"), named in every error."""
     if dataset_path:  # the user's files replace the named source's location
-        return *_load_files(dataset_path), f"data.dataset_path {dataset_path}"
+        return *_load_files(dataset_path, key), f"{key}.dataset_path {dataset_path}"
     if dataset not in DATASETS:
+        known = _TORCHTITAN_NAMES.get(dataset)
+        hint = f" ({dataset} is torchtitan's name; here: {known})" if known else ""
         raise UserError(
-            f"data.dataset '{dataset}' is unknown; built-in sources are {', '.join(sorted(DATASETS))}, "
-            "or set data.dataset_path to your own files"
+            f"{key}.dataset '{dataset}' is unknown{hint}; built-in sources are {', '.join(sorted(DATASETS))}, "
+            f"or set {key}.dataset_path to your own files"
         )
-    found = DATASETS[dataset](split)
+    found = DATASETS[dataset](split, key)
     ds, files = found if isinstance(found, tuple) else (found, None)
-    return ds, files, f"data.dataset {dataset}"
+    return ds, files, f"{key}.dataset {dataset}"
 
 
 def _check_text_field(ds, text_field: str, where: str, files=None) -> None:
@@ -459,13 +476,14 @@ def build_dataloader(
     split: str = "train",
     infinite: bool = True,
     num_shards: int | None = None,
+    key: str = "data",
 ) -> TextDataLoader:
     """The trainer's data: yields ([batch_size, seq_len], [batch_size, seq_len]) int64 CPU tensors forever.
 
     num_shards (data.num_shards): split the documents into this many virtual shards so that the global batch is
     the same for every data-parallel degree dividing it; None = one shard per data-parallel rank.
     """
-    hf, files, where = _open_source(dataset, dataset_path, split)
+    hf, files, where = _open_source(dataset, dataset_path, split, key)
     if files is not None:  # local files: checking the column costs one read
         _check_text_field(hf, text_field, where, files)
     return TextDataLoader(
