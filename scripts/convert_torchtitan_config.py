@@ -15,6 +15,7 @@ file's tokenizer (the debug flavor's vocabulary size is read from it). See docs/
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -46,7 +47,9 @@ def main(argv=None) -> int:
         text = compat.to_toml(conv, a.config)
         for kind, line in conv.decisions:
             print(f"{kind:<11} {line}")
-        Path(out).write_text(text)
+        tmp = Path(out).with_name(Path(out).name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, out)  # all or nothing: a failed write leaves no half file
         print(
             f"wrote {out}: check it with  python -m torchtitan.preflight --job.config_file {out} --world_size N"
         )

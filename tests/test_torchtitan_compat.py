@@ -189,6 +189,32 @@ def test_a_value_that_cannot_be_expressed_is_one_line_exit_2(section, key, value
     assert not out.exists()
 
 
+def test_local_dataset_paths_and_the_written_file(tmp_path, capsys):
+    from torchtitan.preflight import main as preflight_main
+
+    src = (CONFIGS / "2024" / "debug_model.toml").read_text()
+    files = tmp_path / "c4_test"
+    files.mkdir()
+    (files / "c4-train.00000-of-00001.json").write_text('{"text": "one document"}\n')
+    path = tmp_path / "tt.toml"
+    path.write_text(src.replace('dataset = "c4_test"', f'dataset = "c4_test"\ndataset_path = "{files}"'))
+    assert preflight_main([f"--job.config_file={path}"]) == 2  # a torchtitan file, given directly
+    assert "convert_torchtitan_config.py" in capsys.readouterr().err
+    out = tmp_path / "ours.toml"
+    assert convert_script.main([str(path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f'training.dataset_path = "{files}" -> data.dataset_path = "{files}"' in printed
+    text = out.read_text()
+    assert (
+        text.startswith("# Converted from the torchtitan config")
+        and "#   renamed     training.batch_size" in text
+    )
+    cfg = parse_args([f"--job.config_file={out}"])
+    assert (cfg.data.dataset_path, cfg.training.local_batch_size, cfg.model.n_kv_heads) == (str(files), 8, 16)
+    assert convert_script.main([str(path), "-o", str(out)]) == 2  # never overwritten without --force
+    assert "--force" in capsys.readouterr().err
+
+
 def test_validation_steps_minus_one_with_validation_on_is_refused(tmp_path, capsys):
     src = (CONFIGS / "2026" / "debug_model.toml").read_text()
     bad = tmp_path / "v.toml"

@@ -217,6 +217,22 @@ KEYS: dict[str, Rule] = {
     "memory_estimation.enable": _custom(),
     "memory_estimation.disable_fake_mode": _drop("the estimator is analytic here (no fake tensors)"),
     "fault_tolerance.enable": _unsup("no torchft here; nearest: checkpoints and a restart", (False,)),
+    **{
+        f"fault_tolerance.{k}": _drop("no torchft here; used only with fault_tolerance.enable")
+        for k in (
+            "process_group",
+            "process_group_timeout_ms",
+            "replica_id",
+            "group_size",
+            "min_replica_size",
+            "semi_sync_method",
+            "sync_steps",
+            "should_quantize",
+            "fragment_sync_delay",
+            "fragment_update_alpha",
+        )
+    },
+    "comm.mode": _custom("comm.mode"),
     "debug.seed": _rn("training.seed"),
     "debug.deterministic": _rn("training.deterministic"),
     "debug.deterministic_warn_only": _unsup("deterministic mode raises here", (False,)),
@@ -654,6 +670,16 @@ def _filter_fqns(c: _Converter, k, v):
         c.fail(k, v, "ours filters by size (float8.min_dim) and always skips the output head, not by name")
 
 
+def _comm_mode(c: _Converter, k, v):
+    """torchtitan's comm.mode (default / fake_backend / local_tensor): carried over when this project has the key."""
+    if k in _our_keys():
+        c.put(k, v, k)
+    elif v == "default":
+        c.say("dropped", f"{k} = {_fmt(v)}: already our behaviour (real collectives)")
+    else:
+        c.fail(k, v, "no simulated communication here; nearest: python -m torchtitan.estimate")
+
+
 def _memory_estimation(c: _Converter, k, v):
     c.say(
         "dropped",
@@ -678,6 +704,7 @@ _CUSTOM = {
     "experimental.pipeline_parallel_schedule": _schedule,
     "parallelism.pipeline_parallel_schedule": _schedule,
     "experimental.pipeline_parallel_microbatches": _microbatches,
+    "comm.mode": _comm_mode,
     "memory_estimation.enabled": _memory_estimation,
     "memory_estimation.enable": _memory_estimation,
 }
