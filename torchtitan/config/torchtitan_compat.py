@@ -109,7 +109,7 @@ KEYS: dict[str, Rule] = {
     "model.norm_type": _drop("Llama 3 uses RMSNorm; it is the only norm here", ("rmsnorm",)),
     "model.hf_assets_path": _custom("model.tokenizer_path"),
     "model.converters": _custom("float8.enable"),
-    "model.print_after_conversion": _drop("the run header prints the converted model's summary"),
+    "model.print_after_conversion": _unsup("no such printout here", (False,)),
     "optimizer.fused": _custom("optimizer.implementation"),
     "optimizer.early_step_in_backward": _unsup("no optimizer-in-backward here", (False,)),
     "lr_scheduler.lr_min": _rn("lr_scheduler.min_lr_factor", "a fraction of optimizer.lr in both"),
@@ -162,8 +162,9 @@ KEYS: dict[str, Rule] = {
         "nearest: parallelism.pipeline_parallel_split_points", (None,)
     ),
     "parallelism.pipeline_parallel_expert_parallel_overlap": _drop("no MoE models here"),
-    "parallelism.context_parallel_load_balancer": _drop(
-        "ours balances causal load across cp ranks by itself"
+    "parallelism.context_parallel_load_balancer": _unsup(
+        "ours balances the causal load head-tail (rank r keeps chunks r and 2cp-1-r), torchtitan's default",
+        ("headtail",),
     ),
     "parallelism.expert_parallel_degree": _unsup("no MoE models here", (1,)),
     "parallelism.expert_tensor_parallel_degree": _unsup("no MoE models here", (1,)),
@@ -193,7 +194,9 @@ KEYS: dict[str, Rule] = {
     "activation_checkpoint.early_stop": _unsup("no such option here", (False,)),
     "activation_checkpoint.memory_budget": _drop("used only by torchtitan's memory_budget mode"),
     "activation_checkpoint.visualize_memory_budget_pareto": _unsup("no such option here", (False,)),
-    "activation_checkpoint.preserve_rng_state": _drop("ours preserves the RNG state (dropout-free model)"),
+    "activation_checkpoint.preserve_rng_state": _drop(
+        "the model has no dropout: recomputing draws no random numbers"
+    ),
     "activation_checkpoint.determinism_check": _drop("torch's default check applies here", ("default",)),
     "activation_checkpoint.debug": _unsup("no such option here", (False,)),
     "compile.backend": _unsup("ours compiles with inductor", ("inductor",)),
@@ -205,13 +208,11 @@ KEYS: dict[str, Rule] = {
     "validation.steps": _custom("validation.steps"),
     "validation.dataloader": _drop("the data loader runs in the training process here (no worker options)"),
     "comm.trace_buf_size": _drop(
-        "NCCL's flight recorder is set by TORCH_NCCL_TRACE_BUFFER_SIZE in the environment"
+        "ours sets NCCL's flight recorder itself (2,000 collectives per process group, torchtitan/runtime_env.py)"
     ),
-    "comm.save_traces_folder": _drop(
-        "NCCL's flight recorder dumps go where TORCH_NCCL_DEBUG_INFO_TEMP_FILE says"
-    ),
+    "comm.save_traces_folder": _drop("ours dumps NCCL's flight recorder into <dump_folder>/logs on a hang"),
     "comm.save_traces_file_prefix": _drop(
-        "NCCL's flight recorder dumps go where TORCH_NCCL_DEBUG_INFO_TEMP_FILE says"
+        "ours dumps NCCL's flight recorder into <dump_folder>/logs on a hang"
     ),
     "memory_estimation.enabled": _custom(),
     "memory_estimation.enable": _custom(),
@@ -660,7 +661,7 @@ def _recipe(c: _Converter, k, v):
 
 
 def _filter_fqns(c: _Converter, k, v):
-    if set(v) <= {"output"}:
+    if set(v) <= {"output", "auto_filter_small_kn"}:
         c.say(
             "dropped",
             f"{k} = {_fmt(v)}: already our behaviour: the output head is never converted, and linears with a"
