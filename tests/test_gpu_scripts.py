@@ -1,0 +1,161 @@
+"""The GPU-session scripts, checked on CPU: scripts/bench_torchtitan.py's argument checks and the command lines it
+builds for both sides, scripts/gpu_check.sh's CPU mode, and the `cuda` marker that selects the CUDA-only tests."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, import_script, train_env
+
+bench = import_script("bench_torchtitan")
+
+
+@pytest.fixture(scope="module")
+def tok128k(tmp_path_factory):
+    """A tokenizer.json with Llama 3's 128,256 entries (a word-level vocabulary: only its size matters here)."""
+    from tokenizers import Tokenizer, models
+
+    folder = tmp_path_factory.mktemp("tok")
+    vocab = {f"w{i}": i for i in range(128256)}
+    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def error_of(argv, capsys) -> str:
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    return err[0]
+
+
+def test_bad_arguments_are_one_line_exit_2(tok128k, tmp_path, capsys):
+    t = f"--tokenizer={tok128k}"
+    assert "unknown nope" in error_of([t, "--variants=eager,nope"], capsys)
+    assert "8B-L1 .. 8B-L32" in error_of([t, "--shape=8B-L40"], capsys)
+    assert "valid shapes" in error_of([t, "--shape=13B"], capsys)
+    assert "--sides" in error_of([t, "--sides=hf"], capsys)
+    assert "at least one full interval" in error_of([t, "--steps=15", "--warmup=10", "--interval=10"], capsys)
+    assert "divisible by 16" in error_of([t, "--seq-len=8191"], capsys)
+    assert "--tokenizer is required" in error_of([], capsys)
+    assert "does not exist" in error_of([f"--tokenizer={tmp_path}"], capsys)
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a")).save(str(tmp_path / "tokenizer.json"))
+    assert "2 entries, shape 8B-L16 needs 128,256" in error_of([f"--tokenizer={tmp_path}"], capsys)
+    # and as a user runs it: one line on stderr, exit 2, no traceback, before any device is touched
+    r = subprocess.run(
+        [sys.executable, "scripts/bench_torchtitan.py", "--shape=8B-L0", t],
+        cwd=ROOT,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "error: --shape=8B-L0: the 8B has 32 layers; use 8B-L1 .. 8B-L32"
+    ]
+
+
+def commands(shape: str, tok, tmp_path) -> dict:
+    a = bench.parse([f"--tokenizer={tok}", f"--shape={shape}"])
+    plan = bench.check(a)
+    return plan, {
+        v: {
+            "ours": bench.ours_command(plan, a, v, tmp_path / "o"),
+            "torchtitan": bench.peer_command(plan, a, v, tmp_path / "t"),
+        }
+        for v in plan["variants"]
+    }
+
+
+def test_both_sides_get_the_same_settings_for_every_variant(tok128k, tmp_path):
+    plan, cmds = commands("8B-L16", tok128k, tmp_path)
+    assert list(cmds) == ["eager", "compile", "compile-float8-tensorwise", "compile-float8-rowwise"]
+    for v, sides in cmds.items():
+        ours, peer = sides["ours"], " ".join(sides["torchtitan"])
+        assert ours[1].endswith("train.py") and sides["torchtitan"][1].endswith("scripts/torchtitan_peer.py")
+        for flag in ("--training.local_batch_size=1", "--training.seq_len=8192", "--training.steps=30"):
+            assert flag in ours and flag in peer
+        for flag in ("--model.flavor=8B", "--model.n_layers=16", "--activation_checkpoint.mode=selective"):
+            assert flag in ours
+        for flag in ("--activation_checkpoint.selective_ac_option=op", "--optimizer.implementation=fused"):
+            assert flag in ours and flag in peer
+        assert "--model.flavor=bench_8B-L16" in peer and f"--model.hf_assets_path={tok128k}" in peer
+        assert "--metrics.log_freq=10" in ours and "--metrics.log_freq=10" in peer
+        compiled = v != "eager"
+        assert ("--compile.enable=true" in ours) == compiled and ("--compile.enable" in peer) == compiled
+        float8 = "float8" in v
+        assert ("--float8.enable=true" in ours) == float8
+        assert ("--model.converters quantize.linear.float8" in peer) == float8
+        assert ("--quantize.linear.float8.filter_fqns output" in peer) == float8
+        rowwise = v.endswith("rowwise")
+        assert ("--float8.recipe=rowwise" in ours) == rowwise
+        assert ("--quantize.linear.float8.recipe_name=rowwise" in peer) == rowwise
+        assert ("--float8.recipe=tensorwise" in ours) == v.endswith("tensorwise")
+    # the flavor the peer registers is the model ours builds: same fields, so the same parameters and FLOPs
+    from torchtitan.models.llama3.args import ModelArgs, RopeScaling
+
+    f = bench.peer_flavor(plan)["args"]
+    rope = f.pop("rope_scaling_args")
+    back = ModelArgs(
+        **f,
+        rope_scaling=RopeScaling(
+            factor=rope["scaling_factor"],
+            low_freq_factor=rope["low_freq_factor"],
+            high_freq_factor=rope["high_freq_factor"],
+            original_max_position_embeddings=rope["original_max_position_embeddings"],
+        ),
+    )
+    assert back == plan["args"] and back.n_layers == 16 and back.dim == 4096
+
+    plan, cmds = commands("1B", tok128k, tmp_path)
+    ours = cmds["compile"]["ours"]
+    assert "--model.flavor=1B" in ours and "--model.tie_embeddings=false" in ours
+    assert "--training.local_batch_size=2" in ours and not plan["args"].tie_embeddings
+    assert bench.peer_flavor(plan)["args"]["dim"] == 2048
+
+
+def test_dry_run_prints_both_command_lines(tok128k, capsys):
+    assert bench.main([f"--tokenizer={tok128k}", "--variants=compile", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# compile, ours" and out[2] == "# compile, torchtitan"
+    peer = shlex.split(out[3])
+    assert peer[0].startswith("BENCH_TT_FLAVOR=") and peer[1] == "PYTHONPATH=/tmp/torchtitan_peer"
+
+
+def test_gpu_check_cpu_mode_lines_and_bad_arguments(tmp_path):
+    def run(*args):
+        return subprocess.run(
+            ["bash", "scripts/gpu_check.sh", *args], cwd=ROOT, env=train_env(), capture_output=True, text=True
+        )
+
+    r = run("--only", "nope")
+    assert r.returncode == 2 and r.stderr.startswith(
+        "error: --only: unknown check(s) nope (valid: tests-cuda,"
+    )
+    r = run("--cpu", f"--out={tmp_path}", "--only", "tests-cuda,tb-memory")
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert lines[1].split()[:2] == ["SKIP", "tests-cuda"]
+    assert lines[2].split()[:2] == ["PASS", "tb-memory"] and "memory/max_rss_gib" in lines[2]
+    assert lines[-1] == "gpu_check summary: 1 passed, 0 failed, 1 skipped"
+    assert (tmp_path / "tb-memory.log").stat().st_size > 0
+
+
+def test_cuda_marker_selects_the_tests_skipped_without_cuda():
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "cuda", "--collect-only", "-q", "tests/test_metrics_units.py"],
+        cwd=ROOT,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+    )
+    ids = sorted(x for x in r.stdout.splitlines() if "::" in x)
+    assert ids == [
+        "tests/test_metrics_units.py::test_cuda_resolve_and_calibrate",
+        "tests/test_metrics_units.py::test_memory_monitor_cuda",
+    ]
