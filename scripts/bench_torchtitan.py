@@ -226,7 +226,7 @@ def peer_flavor(plan: dict) -> dict:
 
 
 def peer_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) -> list[str]:
-    """torchtitan 0.2.2's CLI (tyro: booleans are bare flags, lists take space-separated values)."""
+    """torchtitan 0.2.2's CLI (tyro: booleans are bare flags; its ConfigManager reads a list as one comma-separated value)."""
     compile_, recipe = VARIANTS[variant]
     cmd = [
         sys.executable,
@@ -250,15 +250,10 @@ def peer_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) ->
     if a.ac == "selective":
         cmd.append("--activation_checkpoint.selective_ac_option=op")
     if compile_:
-        cmd += ["--compile.enable", "--compile.components", "model", "loss"]
+        cmd += ["--compile.enable", "--compile.components=model,loss"]
     if recipe:
         # our filter keeps the output head in bf16 and converts every other linear of these shapes (>= 1024 wide)
-        cmd += [
-            "--model.converters",
-            "quantize.linear.float8",
-            "--quantize.linear.float8.filter_fqns",
-            "output",
-        ]
+        cmd += ["--model.converters=quantize.linear.float8", "--quantize.linear.float8.filter_fqns=output"]
         if recipe == "rowwise":
             cmd += ["--quantize.linear.float8.recipe_name=rowwise"]
     return cmd

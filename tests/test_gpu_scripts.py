@@ -90,8 +90,8 @@ def test_both_sides_get_the_same_settings_for_every_variant(tok128k, tmp_path):
         assert ("--compile.enable=true" in ours) == compiled and ("--compile.enable" in peer) == compiled
         float8 = "float8" in v
         assert ("--float8.enable=true" in ours) == float8
-        assert ("--model.converters quantize.linear.float8" in peer) == float8
-        assert ("--quantize.linear.float8.filter_fqns output" in peer) == float8
+        assert ("--model.converters=quantize.linear.float8" in peer) == float8
+        assert ("--quantize.linear.float8.filter_fqns=output" in peer) == float8
         rowwise = v.endswith("rowwise")
         assert ("--float8.recipe=rowwise" in ours) == rowwise
         assert ("--quantize.linear.float8.recipe_name=rowwise" in peer) == rowwise
