@@ -234,7 +234,7 @@ def peer_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) ->
         f"--job.dump_folder={dump}",
         "--model.name=llama3",
         f"--model.flavor={peer_flavor(plan)['name']}",
-        f"--model.hf_assets_path={plan['tokenizer']}",
+        f"--model.hf_assets_path={plan.get('peer_tokenizer', plan['tokenizer'])}",
         "--training.dataset=c4_test",
         f"--training.dataset_path={CORPUS}",
         f"--training.local_batch_size={plan['batch']}",
@@ -257,6 +257,19 @@ def peer_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) ->
         if recipe == "rowwise":
             cmd += ["--quantize.linear.float8.recipe_name=rowwise"]
     return cmd
+
+
+def write_peer_tokenizer(plan: dict, out: Path) -> None:
+    """The same tokenizer.json for the peer, plus the tokenizer_config.json its HuggingFaceTokenizer reads to add
+    BOS/EOS to every document as ours does (without it the peer adds neither: same text, different tokens)."""
+    folder = out / "peer_tokenizer"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_bytes((Path(plan["tokenizer"]) / "tokenizer.json").read_bytes())
+    specials = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({**specials, "add_bos_token": True, "add_eos_token": True})
+    )
+    plan["peer_tokenizer"] = str(folder)
 
 
 def peer_env(plan: dict, a: argparse.Namespace) -> dict:
@@ -364,6 +377,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(a.out).resolve()
+    plan["peer_tokenizer"] = str(
+        out / "peer_tokenizer"
+    )  # written by write_peer_tokenizer before the first run
     if a.dry_run:
         for v in plan["variants"]:
             for side in plan["sides"]:
@@ -393,6 +409,7 @@ def main(argv=None) -> int:
         )
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    write_peer_tokenizer(plan, out)
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(0) if cuda else "CPU"
     key = match_device(name) if cuda else None
