@@ -22,7 +22,8 @@ peak and against a bf16 matmul (--matmul-size, 8192^3 on a GPU) measured in this
 the runs; the caching allocator's max reserved memory (each side's own figure; process RSS for ours on CPU);
 time to first step (process start to the step-1 log line, wall clock, both sides alike); ratio ours/torchtitan.
 torchtitan's trainer needs CUDA: on a machine without it the peer rows say so and ours still run.
-Results: a table on stdout and <out>/results.json; each run's log in <out>/<variant>-<side>-<n>.log.
+Results: a table on stdout and <out>/results.json (<out>/runs.json after every run); each run's log in
+<out>/<variant>-<side>-<n>.log.
 """
 
 from __future__ import annotations
@@ -429,6 +430,7 @@ def main(argv=None) -> int:
             for side in plan["sides"]:  # ours, then the peer: alternating, so drift hits both alike
                 r = one_run(plan, a, v, side, n, out, cuda)
                 runs[v][side].append(r)
+                (out / "runs.json").write_text(json.dumps(runs, indent=1))  # kept if a time limit stops us
                 print(
                     f"{v:26s} {side:10s} #{n}: "
                     + (
