@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,22 +100,33 @@ def log_text(ctx: Ctx) -> str:
 # ---- the checks ------------------------------------------------------------------------------------------------
 
 
+def unexpected_skips(pytest_lines: list[str]) -> list[str]:
+    """`pytest -rs` SKIPPED lines other than those asking for more GPUs ("needs 2 GPUs")."""
+    return [x for x in pytest_lines if x.startswith("SKIPPED") and not re.search(r"needs \d+ GPUs", x)]
+
+
 def c_tests_cuda(ctx: Ctx) -> str:
+    """Every test that is skipped without CUDA. A skip that remains must be one that asks for more GPUs than this
+    machine has (e.g. context parallelism on 2 GPUs); any other skip means CUDA was not seen, and fails."""
     r = ctx.run([ctx.py, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider", "tests/"])
-    tail = log_text(ctx).strip().splitlines()
-    summary = next(
-        (line for line in reversed(tail) if " in " in line and ("passed" in line or "failed" in line)), ""
-    )
+    lines = log_text(ctx).strip().splitlines()
+    summary = next((x for x in reversed(lines) if " in " in x and ("passed" in x or "failed" in x)), "")
     if r.returncode != 0:
         raise CheckFailed(summary or f"pytest exited {r.returncode}")
-    if "skipped" in summary:
-        raise CheckFailed(f"CUDA tests were skipped on a CUDA machine: {summary}")
-    return summary
+    skips = [x for x in lines if x.startswith("SKIPPED")]
+    unexpected = unexpected_skips(lines)
+    if unexpected or "passed" not in summary:
+        raise CheckFailed(f"CUDA tests skipped on a CUDA machine: {(unexpected or [summary])[0]}")
+    return summary + (f" ({len(skips)} need more GPUs)" if skips else "")
 
 
-def _train(name: str, *extra: str, steps: int = 6):
+def _train(name: str, *extra: str, expect: str, steps: int = 6):
+    """A short run with `extra` settings; `expect` (a regex) must appear in its log, proving they took effect."""
+
     def fn(ctx: Ctx) -> str:
         rows = metrics(ctx.train(name, steps, *extra))
+        if not re.search(expect, log_text(ctx)):
+            raise CheckFailed(f"the run's log has no line matching {expect!r}")
         return f"loss {rows[1]:.4f} -> {rows[max(rows)]:.4f}"
 
     return fn
@@ -269,12 +281,24 @@ def c_fsdp_gpus(ctx: Ctx) -> str:
 
 CHECKS = [
     Check("tests-cuda", "pytest -m cuda (tests skipped without CUDA)", c_tests_cuda, cuda_only=True),
-    Check("bf16", "6 steps, bf16 autocast", _train("bf16")),
-    Check("fp32", "6 steps, fp32", _train("fp32", "--training.mixed_precision_param=float32")),
-    Check("compile", "6 steps, torch.compile", _train("compile", "--compile.enable=true")),
+    Check("bf16", "6 steps, bf16 autocast", _train("bf16", expect=r"mixed precision: .*bfloat16")),
+    Check(
+        "fp32",
+        "6 steps, fp32",
+        _train("fp32", "--training.mixed_precision_param=float32", expect=r"mixed precision: none, fp32"),
+    ),
+    Check(
+        "compile",
+        "6 steps, torch.compile",
+        _train("compile", "--compile.enable=true", expect=r"torch.compile: \d+ transformer blocks compiled"),
+    ),
     Check("float8-tensorwise", "float8 tensorwise, converted layers present", _float8("tensorwise")),
     Check("float8-rowwise", "float8 rowwise, converted layers present", _float8("rowwise")),
-    Check("ac-full", "full activation checkpointing", _train("ac_full", "--activation_checkpoint.mode=full")),
+    Check(
+        "ac-full",
+        "full activation checkpointing",
+        _train("ac_full", "--activation_checkpoint.mode=full", expect=r"activation checkpointing \(full\)"),
+    ),
     Check(
         "ac-selective-op",
         "selective AC, per-op policy",
@@ -282,6 +306,7 @@ CHECKS = [
             "ac_sel_op",
             "--activation_checkpoint.mode=selective",
             "--activation_checkpoint.selective_ac_option=op",
+            expect=r"activation checkpointing \(selective per-op\)",
         ),
     ),
     Check(
@@ -291,6 +316,7 @@ CHECKS = [
             "ac_sel_2",
             "--activation_checkpoint.mode=selective",
             "--activation_checkpoint.selective_ac_option=2",
+            expect=r"activation checkpointing \(every 2-th block\): blocks 1, 3, 5",
         ),
     ),
     Check("resume", "save at 3, resume: losses 4-6 equal the uninterrupted run's", c_resume),

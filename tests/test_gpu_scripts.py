@@ -146,6 +146,16 @@ def test_gpu_check_cpu_mode_lines_and_bad_arguments(tmp_path):
     assert (tmp_path / "tb-memory.log").stat().st_size > 0
 
 
+def test_gpu_check_accepts_only_skips_for_more_gpus():
+    gpu_check = import_script("gpu_check")
+    lines = [
+        "SKIPPED [1] tests/test_parity_cp.py:117: context parallel on CUDA needs 2 GPUs (one per NCCL rank)",
+        "SKIPPED [1] tests/test_startup.py:69: needs a CUDA device",
+        "7 passed, 2 skipped in 80.1s",
+    ]
+    assert gpu_check.unexpected_skips(lines) == [lines[1]]
+
+
 def test_cuda_marker_selects_the_tests_skipped_without_cuda():
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "cuda", "--collect-only", "-q", "tests/test_metrics_units.py"],
