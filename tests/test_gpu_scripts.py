@@ -130,7 +130,11 @@ def test_dry_run_prints_both_command_lines(tok128k, capsys):
 def test_gpu_check_cpu_mode_lines_and_bad_arguments(tmp_path):
     def run(*args):
         return subprocess.run(
-            ["bash", "scripts/gpu_check.sh", *args], cwd=ROOT, env=train_env(), capture_output=True, text=True
+            ["bash", "scripts/gpu_check.sh", *args],
+            cwd=ROOT,
+            env=train_env(PY=sys.executable),  # the interpreter running the tests, as a user's PY=...
+            capture_output=True,
+            text=True,
         )
 
     r = run("--only", "nope")
