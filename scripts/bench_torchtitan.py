@@ -475,7 +475,7 @@ def main(argv=None) -> int:
         "variants": {},
     }
     print(
-        "\n| variant | side | tokens/s | TFLOPS | MFU table | MFU matmul | max reserved GiB | first step s | ours/torchtitan |"
+        "\n| variant | side | tokens/s | TFLOPS | MFU table | MFU matmul | peak GiB | first step s | ours/torchtitan |"
     )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for v in plan["variants"]:

@@ -173,3 +173,52 @@ def test_cuda_marker_selects_the_tests_skipped_without_cuda():
         "tests/test_metrics_units.py::test_cuda_resolve_and_calibrate",
         "tests/test_metrics_units.py::test_memory_monitor_cuda",
     ]
+
+
+def test_figures_are_read_from_both_sides_logs(tmp_path):
+    """torchtitan 0.2.2's log row (its format string, colors off) and parameter line are parsed as the figures."""
+    a = bench.parse(["--tokenizer=x", "--steps=30", "--interval=10", "--warmup=10"])
+    log = tmp_path / "peer.log"
+    log.write_text(
+        "[rank0]: Model llama3 bench_8B-L16 size: 4,540,469,248 total parameters\n"
+        "step:  1  loss: 12.01234  grad_norm:  9.1234  memory: 60.12GiB(63.17%)  tps: 2,001  tflops: 61.02  mfu: 6.17%\n"
+        "step: 10  loss: 11.01234  grad_norm:  3.1234  memory: 70.50GiB(74.08%)  tps: 17,000  tflops: 520.00  mfu: 52.58%\n"
+        "step: 20  loss: 10.01234  grad_norm:  2.1234  memory: 71.40GiB(75.02%)  tps: 17,831  tflops: 544.12  mfu: 55.02%\n"
+        "\x1b[31mstep: 30  loss:  9.01234  grad_norm:  1.1234  memory: 71.40GiB(75.02%)  tps: 17,901  tflops: 546.00  mfu: 55.21%\x1b[39m\n"
+    )
+    tps, mem = bench.peer_rows(log, a)
+    assert tps == [17831.0, 17901.0] and mem == 71.4  # rows after the 10 warm-up steps; the run's peak
+    assert bench.param_count(log, "torchtitan") == 4_540_469_248
+    assert bench.PEER_STEP1.search("step:  1  loss: 12.0") and not bench.PEER_STEP1.search(
+        "step: 10  loss: 1"
+    )
+
+
+@pytest.mark.slow
+def test_ours_runs_end_to_end_on_cpu_and_the_peer_says_why_not(tmp_path):
+    """A real (tiny) invocation on CPU: our side's figures land in the table and results.json, torchtitan's row
+    says it needs CUDA."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted(set((ROOT / "tests/assets/debug_corpus/train.jsonl").read_text().split()))[:2000]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", *words])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    r = subprocess.run(
+        [sys.executable, "scripts/bench_torchtitan.py", f"--tokenizer={tmp_path}", "--shape=debug", "--variants=eager",
+         "--steps=4", "--interval=2", "--warmup=1", "--batch=2", "--seq-len=32", "--matmul-size=128",
+         f"--out={tmp_path / 'out'}"],
+        cwd=ROOT, env=train_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    ours = res["variants"]["eager"]["ours"]
+    assert ours["tokens_per_sec"] > 0 and ours["peak_memory_gib"] > 0 and ours["first_step_s"] > 0
+    assert (
+        ours["parameters"] > 0 and ours["mfu_matmul_pct"] > 0 and ours["mfu_table_pct"] is None
+    )  # no CPU peak
+    assert "needs CUDA" in res["variants"]["eager"]["torchtitan"]["error"]
+    assert "| eager | ours |" in r.stdout
