@@ -25,6 +25,17 @@ TINY = [
 ]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark every test skipped without CUDA (a skipif whose reason names CUDA or GPUs) with `cuda`, so that
+    `pytest -m cuda` (scripts/gpu_check.sh) selects exactly the tests that only a GPU machine runs."""
+    for item in items:
+        for mark in item.iter_markers("skipif"):
+            reason = str(mark.kwargs.get("reason", ""))
+            if "cuda" in reason.lower() or "gpu" in reason.lower():
+                item.add_marker(pytest.mark.cuda)
+                break
+
+
 def train_env(**extra) -> dict:
     env = dict(os.environ)
     env.update(

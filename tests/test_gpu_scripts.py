@@ -1,0 +1,224 @@
+"""The GPU-session scripts, checked on CPU: scripts/bench_torchtitan.py's argument checks and the command lines it
+builds for both sides, scripts/gpu_check.sh's CPU mode, and the `cuda` marker that selects the CUDA-only tests."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, import_script, train_env
+
+bench = import_script("bench_torchtitan")
+
+
+@pytest.fixture(scope="module")
+def tok128k(tmp_path_factory):
+    """A tokenizer.json with Llama 3's 128,256 entries (a word-level vocabulary: only its size matters here)."""
+    from tokenizers import Tokenizer, models
+
+    folder = tmp_path_factory.mktemp("tok")
+    vocab = {f"w{i}": i for i in range(128256)}
+    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def error_of(argv, capsys) -> str:
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    return err[0]
+
+
+def test_bad_arguments_are_one_line_exit_2(tok128k, tmp_path, capsys):
+    t = f"--tokenizer={tok128k}"
+    assert "unknown nope" in error_of([t, "--variants=eager,nope"], capsys)
+    assert "8B-L1 .. 8B-L32" in error_of([t, "--shape=8B-L40"], capsys)
+    assert "valid shapes" in error_of([t, "--shape=13B"], capsys)
+    assert "--sides" in error_of([t, "--sides=hf"], capsys)
+    assert "at least one full interval" in error_of([t, "--steps=15", "--warmup=10", "--interval=10"], capsys)
+    assert "divisible by 16" in error_of([t, "--seq-len=8191"], capsys)
+    assert "--tokenizer is required" in error_of([], capsys)
+    assert "does not exist" in error_of([f"--tokenizer={tmp_path}"], capsys)
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a")).save(str(tmp_path / "tokenizer.json"))
+    assert "2 entries, shape 8B-L16 needs 128,256" in error_of([f"--tokenizer={tmp_path}"], capsys)
+    # and as a user runs it: one line on stderr, exit 2, no traceback, before any device is touched
+    r = subprocess.run(
+        [sys.executable, "scripts/bench_torchtitan.py", "--shape=8B-L0", t],
+        cwd=ROOT,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "error: --shape=8B-L0: the 8B has 32 layers; use 8B-L1 .. 8B-L32"
+    ]
+
+
+def commands(shape: str, tok, tmp_path) -> dict:
+    a = bench.parse([f"--tokenizer={tok}", f"--shape={shape}"])
+    plan = bench.check(a)
+    return plan, {
+        v: {
+            "ours": bench.ours_command(plan, a, v, tmp_path / "o"),
+            "torchtitan": bench.peer_command(plan, a, v, tmp_path / "t"),
+        }
+        for v in plan["variants"]
+    }
+
+
+def test_both_sides_get_the_same_settings_for_every_variant(tok128k, tmp_path):
+    plan, cmds = commands("8B-L16", tok128k, tmp_path)
+    assert list(cmds) == ["eager", "compile", "compile-float8-tensorwise", "compile-float8-rowwise"]
+    for v, sides in cmds.items():
+        ours, peer = sides["ours"], " ".join(sides["torchtitan"])
+        assert ours[1].endswith("train.py") and sides["torchtitan"][1].endswith("scripts/torchtitan_peer.py")
+        for flag in ("--training.local_batch_size=1", "--training.seq_len=8192", "--training.steps=30"):
+            assert flag in ours and flag in peer
+        for flag in ("--model.flavor=8B", "--model.n_layers=16", "--activation_checkpoint.mode=selective"):
+            assert flag in ours
+        for flag in ("--activation_checkpoint.selective_ac_option=op", "--optimizer.implementation=fused"):
+            assert flag in ours and flag in peer
+        assert "--model.flavor=bench_8B-L16" in peer and f"--model.hf_assets_path={tok128k}" in peer
+        assert "--metrics.log_freq=10" in ours and "--metrics.log_freq=10" in peer
+        compiled = v != "eager"
+        assert ("--compile.enable=true" in ours) == compiled and ("--compile.enable" in peer) == compiled
+        float8 = "float8" in v
+        assert ("--float8.enable=true" in ours) == float8
+        assert ("--model.converters=quantize.linear.float8" in peer) == float8
+        assert ("--quantize.linear.float8.filter_fqns=output" in peer) == float8
+        rowwise = v.endswith("rowwise")
+        assert ("--float8.recipe=rowwise" in ours) == rowwise
+        assert ("--quantize.linear.float8.recipe_name=rowwise" in peer) == rowwise
+        assert ("--float8.recipe=tensorwise" in ours) == v.endswith("tensorwise")
+    # the flavor the peer registers is the model ours builds: same fields, so the same parameters and FLOPs
+    from torchtitan.models.llama3.args import ModelArgs, RopeScaling
+
+    f = bench.peer_flavor(plan)["args"]
+    rope = f.pop("rope_scaling_args")
+    back = ModelArgs(
+        **f,
+        rope_scaling=RopeScaling(
+            factor=rope["scaling_factor"],
+            low_freq_factor=rope["low_freq_factor"],
+            high_freq_factor=rope["high_freq_factor"],
+            original_max_position_embeddings=rope["original_max_position_embeddings"],
+        ),
+    )
+    assert back == plan["args"] and back.n_layers == 16 and back.dim == 4096
+
+    plan, cmds = commands("1B", tok128k, tmp_path)
+    ours = cmds["compile"]["ours"]
+    assert "--model.flavor=1B" in ours and "--model.tie_embeddings=false" in ours
+    assert "--training.local_batch_size=2" in ours and not plan["args"].tie_embeddings
+    assert bench.peer_flavor(plan)["args"]["dim"] == 2048
+
+
+def test_dry_run_prints_both_command_lines(tok128k, capsys):
+    assert bench.main([f"--tokenizer={tok128k}", "--variants=compile", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# compile, ours" and out[2] == "# compile, torchtitan"
+    peer = shlex.split(out[3])
+    assert peer[0].startswith("BENCH_TT_FLAVOR=") and peer[1] == "PYTHONPATH=/tmp/torchtitan_peer"
+
+
+def test_gpu_check_cpu_mode_lines_and_bad_arguments(tmp_path):
+    def run(*args):
+        return subprocess.run(
+            ["bash", "scripts/gpu_check.sh", *args],
+            cwd=ROOT,
+            env=train_env(PY=sys.executable),  # the interpreter running the tests, as a user's PY=...
+            capture_output=True,
+            text=True,
+        )
+
+    r = run("--only", "nope")
+    assert r.returncode == 2 and r.stderr.startswith(
+        "error: --only: unknown check(s) nope (valid: tests-cuda,"
+    )
+    r = run("--cpu", f"--out={tmp_path}", "--only", "tests-cuda,tb-memory")
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert lines[1].split()[:2] == ["SKIP", "tests-cuda"]
+    assert lines[2].split()[:2] == ["PASS", "tb-memory"] and "memory/max_rss_gib" in lines[2]
+    assert lines[-1] == "gpu_check summary: 1 passed, 0 failed, 1 skipped"
+    assert (tmp_path / "tb-memory.log").stat().st_size > 0
+
+
+def test_gpu_check_accepts_only_skips_for_more_gpus():
+    gpu_check = import_script("gpu_check")
+    lines = [
+        "SKIPPED [1] tests/test_parity_cp.py:117: context parallel on CUDA needs 2 GPUs (one per NCCL rank)",
+        "SKIPPED [1] tests/test_startup.py:69: needs a CUDA device",
+        "7 passed, 2 skipped in 80.1s",
+    ]
+    assert gpu_check.unexpected_skips(lines) == [lines[1]]
+
+
+def test_cuda_marker_selects_the_tests_skipped_without_cuda():
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "cuda", "--collect-only", "-q", "tests/test_metrics_units.py"],
+        cwd=ROOT,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+    )
+    ids = sorted(x for x in r.stdout.splitlines() if "::" in x)
+    assert ids == [
+        "tests/test_metrics_units.py::test_cuda_resolve_and_calibrate",
+        "tests/test_metrics_units.py::test_memory_monitor_cuda",
+    ]
+
+
+def test_figures_are_read_from_both_sides_logs(tmp_path):
+    """torchtitan 0.2.2's log row (its format string, colors off) and parameter line are parsed as the figures."""
+    a = bench.parse(["--tokenizer=x", "--steps=30", "--interval=10", "--warmup=10"])
+    log = tmp_path / "peer.log"
+    log.write_text(
+        "[rank0]: Model llama3 bench_8B-L16 size: 4,540,469,248 total parameters\n"
+        "step:  1  loss: 12.01234  grad_norm:  9.1234  memory: 60.12GiB(63.17%)  tps: 2,001  tflops: 61.02  mfu: 6.17%\n"
+        "step: 10  loss: 11.01234  grad_norm:  3.1234  memory: 70.50GiB(74.08%)  tps: 17,000  tflops: 520.00  mfu: 52.58%\n"
+        "step: 20  loss: 10.01234  grad_norm:  2.1234  memory: 71.40GiB(75.02%)  tps: 17,831  tflops: 544.12  mfu: 55.02%\n"
+        "\x1b[31mstep: 30  loss:  9.01234  grad_norm:  1.1234  memory: 71.40GiB(75.02%)  tps: 17,901  tflops: 546.00  mfu: 55.21%\x1b[39m\n"
+    )
+    tps, mem = bench.peer_rows(log, a)
+    assert tps == [17831.0, 17901.0] and mem == 71.4  # rows after the 10 warm-up steps; the run's peak
+    assert bench.param_count(log, "torchtitan") == 4_540_469_248
+    assert bench.PEER_STEP1.search("step:  1  loss: 12.0") and not bench.PEER_STEP1.search(
+        "step: 10  loss: 1"
+    )
+
+
+@pytest.mark.slow
+def test_ours_runs_end_to_end_on_cpu_and_the_peer_says_why_not(tmp_path):
+    """A real (tiny) invocation on CPU: our side's figures land in the table and results.json, torchtitan's row
+    says it needs CUDA."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted(set((ROOT / "tests/assets/debug_corpus/train.jsonl").read_text().split()))[:2000]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", *words])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    r = subprocess.run(
+        [sys.executable, "scripts/bench_torchtitan.py", f"--tokenizer={tmp_path}", "--shape=debug", "--variants=eager",
+         "--steps=4", "--interval=2", "--warmup=1", "--batch=2", "--seq-len=32", "--matmul-size=128",
+         f"--out={tmp_path / 'out'}"],
+        cwd=ROOT, env=train_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    ours = res["variants"]["eager"]["ours"]
+    assert ours["tokens_per_sec"] > 0 and ours["peak_memory_gib"] > 0 and ours["first_step_s"] > 0
+    assert (
+        ours["parameters"] > 0 and ours["mfu_matmul_pct"] > 0 and ours["mfu_table_pct"] is None
+    )  # no CPU peak
+    assert "needs CUDA" in res["variants"]["eager"]["torchtitan"]["error"]
+    assert "| eager | ours |" in r.stdout
