@@ -406,6 +406,9 @@ class Estimate:
     fp8_peak_tflops: float | None = opt(
         None, "override the dense FP8 peak TFLOPS (None: 2x peak_tflops on FP8 parts)"
     )
+    power_limit_w: float | None = opt(
+        None, "the parts' power limit in W when below their TDP (torchtitan's H100s: 500); slows compute"
+    )
     memory_gib: float | None = opt(None, "override device memory in GiB (96 GB H100: 89.4)")
     hbm_bandwidth_gbps: float | None = opt(None, "override device memory bandwidth, GB/s")
     intra_node_bandwidth_gbps: float | None = opt(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import rates
 from .activations import (
     block_modes,
     recomputed_matmuls,
@@ -59,23 +60,22 @@ class Pass:
 
 
 class Rates:
-    """Sustained rates on this hardware: table peaks x default efficiencies, or calibrated measurements."""
+    """Sustained rates on this hardware: published microbenchmarks by shape (rates.py), or calibrated measurements."""
 
     def __init__(self, plan: Plan):
         hw, eff, cal = plan.hw, plan.eff, plan.calibration
         self.cal = cal
-        self.bf16 = hw.bf16_tflops * 1e12 * eff.matmul_bf16
-        self.fp8 = (
-            (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * (eff.matmul_fp8 if hw.fp8_tflops else eff.matmul_bf16)
-        )
-        self.attn_fwd = hw.bf16_tflops * 1e12 * eff.attention_fwd
-        self.attn_bwd = hw.bf16_tflops * 1e12 * eff.attention_bwd
+        self.hw = hw
+        self.recipe = plan.cfg.float8.recipe if plan.cfg.float8.enable else None
+        self.cpu_peak = None
+        self.power = 1.0 if hw.is_cpu else rates.power_factor(hw.name, hw.power_limit_w)
         self.hbm = hw.hbm_gbps * 1e9 * eff.hbm
         self.intra = hw.intra_node_gbps * 1e9 * eff.intra_node
         self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
+        self.attn_measured = None
         if cal is not None:
             if cal.attention_tflops:
-                self.attn_fwd = self.attn_bwd = cal.attention_tflops * 1e12
+                self.attn_measured = cal.attention_tflops * 1e12
             if cal.hbm_gbps:
                 self.hbm = cal.hbm_gbps * 1e9
             if cal.collective_gbps:
@@ -83,9 +83,18 @@ class Rates:
                 if hw.is_cpu:
                     self.inter = self.intra
             if cal.matmul_peak_tflops and hw.is_cpu:
-                self.bf16 = self.fp8 = cal.matmul_peak_tflops * 1e12
+                self.cpu_peak = cal.matmul_peak_tflops * 1e12
 
-    def gemm(self, m: float, n: float, k: float, fp8: bool, act_bytes: int) -> float:
+    def flops_rate(self, m: float, n: float, k: float, fp8: bool) -> float:
+        """FLOP/s a GEMM of this shape sustains in bf16 or float8 (tensorwise) on this device."""
+        if self.cpu_peak is not None:
+            return self.cpu_peak
+        hw = self.hw
+        if fp8 and hw.fp8_tflops:
+            return hw.fp8_tflops * 1e12 * rates.gemm_efficiency(hw.name, "fp8", m, n, k) * self.power
+        return hw.bf16_tflops * 1e12 * rates.gemm_efficiency(hw.name, "bf16", m, n, k) * self.power
+
+    def gemm(self, m: float, n: float, k: float, fp8: bool, act_bytes: int, backward: bool = False) -> float:
         """Seconds of one [m,k] x [k,n] GEMM: measured if calibrated for this shape, else the roofline."""
         if self.cal is not None and not fp8:
             measured = self.cal.matmul_tflops.get((int(m), int(n), int(k)))
@@ -94,7 +103,22 @@ class Rates:
         flops = 2 * m * n * k
         in_b = 1 if fp8 else act_bytes
         moved = (m * k + k * n) * in_b + m * n * act_bytes
-        return max(flops / (self.fp8 if fp8 else self.bf16), moved / self.hbm)
+        rate = self.flops_rate(m, n, k, fp8)
+        extra = 0.0
+        if fp8 and self.recipe == "rowwise":
+            if backward:  # cuBLAS with unit scales, then a separate rescale pass over the output
+                extra = m * n * rates.ROWWISE_RESCALE_BYTES / self.hbm
+            else:  # torch's CUTLASS rowwise kernel
+                rate *= rates.ROWWISE_FWD_RATE
+        return max(flops / rate, moved / self.hbm) + extra
+
+    def attention(self, seq: float, backward: bool) -> float:
+        """FLOP/s of flash attention (causal) at this per-rank sequence length."""
+        if self.attn_measured is not None:
+            return self.attn_measured
+        if self.cpu_peak is not None:
+            return self.cpu_peak
+        return self.hw.bf16_tflops * 1e12 * rates.attention_fraction(self.hw.name, seq, backward) * self.power
 
 
 def _local(lin: Linear, tp: int) -> tuple[int, int]:
@@ -110,7 +134,9 @@ def _linear_time(r: Rates, lin: Linear, tokens: float, tp: int, b: int) -> tuple
     """(forward, backward) seconds of one linear over `tokens` rows: y = x W^T, dx = dy W, dW = dy^T x."""
     k, n = _local(lin, tp)
     fwd = r.gemm(tokens, n, k, lin.float8, b)
-    bwd = r.gemm(tokens, k, n, lin.float8, b) + r.gemm(n, k, tokens, lin.float8, b)
+    bwd = r.gemm(tokens, k, n, lin.float8, b, backward=True) + r.gemm(
+        n, k, tokens, lin.float8, b, backward=True
+    )
     return fwd, bwd
 
 
@@ -170,8 +196,9 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
                 p.recompute += t_f
     # flash attention: queries of this rank x (seq_len / 2) keys on average (causal, load-balanced under CP)
     attn_fwd_flops = 4 * tokens * (plan.seq_len / 2) * s.h
-    t_af = attn_fwd_flops / r.attn_fwd
-    t_ab = 2.5 * attn_fwd_flops / r.attn_bwd  # 5 matmuls backward vs 2 forward (scores recomputed)
+    seq = plan.seq_len / plan.cp  # each ring step attends one rank's block of queries to one block of keys
+    t_af = attn_fwd_flops / r.attention(seq, backward=False)
+    t_ab = 2.5 * attn_fwd_flops / r.attention(seq, backward=True)  # 5 matmuls backward vs 2 forward
     p.attention = t_af + t_ab
     p.fwd += t_af
     if recomputes_attention(mode):
