@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import rates
+from . import collectives, rates
 from .activations import (
     block_modes,
     recomputed_matmuls,
@@ -242,9 +242,9 @@ def embedding_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
 # ------------------------------------------------------------------------------------------- communication
 
 
-def _link(plan: Plan, r: Rates, span: int) -> float:
-    """Bytes/s per rank of a collective whose ranks span `span` consecutive global ranks."""
-    return r.intra if span <= plan.hw.devices_per_node else r.inter
+def _ring(plan: Plan, r: Rates, nbytes: float, n: int, stride: int, kind: str = "all_gather") -> float:
+    """Seconds of one ring collective (collectives.py: NCCL's latency model + bus bandwidth by topology)."""
+    return collectives.ring_time(plan, r.intra, r.inter, nbytes, n, stride, kind)
 
 
 def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]]) -> float:
@@ -257,19 +257,20 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
     if n == 1 and d.dp_replicate == 1:
         return 0.0
     span = d.dp_shard * d.cp * d.tp
-    bw = _link(plan, r, span)
     gb = gather_bytes(plan, fp8_param_share(plan))
     n_blocks, has_emb, has_head = plan.rank_layers()[rank]
     kinds = (["emb"] if has_emb else []) + ["block"] * n_blocks + (["head"] if has_head else [])
     size = {"emb": plan.embedding_params(), "block": plan.block_params(), "head": plan.head_params()}
-    frac = (n - 1) / n
-    ag = [size[k] * (gb if k == "block" else plan.act_bytes) * frac / bw for k in kinds]
-    rs = [size[k] * plan.reduce_bytes * frac / bw for k in kinds]
+    # the FSDP group: dp_shard x cp ranks, tp global ranks apart
+    ag = [_ring(plan, r, size[k] * (gb if k == "block" else plan.act_bytes), n, d.tp) for k in kinds]
+    rs = [_ring(plan, r, size[k] * plan.reduce_bytes, n, d.tp, "reduce_scatter") for k in kinds]
     if d.dp_replicate > 1:
-        # HSDP: the shard's gradients are all-reduced across replicas after the reduce-scatter
-        rep_bw = _link(plan, r, d.dp_replicate * span)
-        rep = 2 * (d.dp_replicate - 1) / d.dp_replicate * plan.reduce_bytes / n / rep_bw
-        rs = [x + size[k] * rep for x, k in zip(rs, kinds)]
+        # HSDP: the shard's gradients are all-reduced across replicas (span global ranks apart) after the
+        # reduce-scatter
+        rs = [
+            x + _ring(plan, r, size[k] * plan.reduce_bytes / n, d.dp_replicate, span, "all_reduce")
+            for x, k in zip(rs, kinds)
+        ]
     regather = plan.pp_plan is None and plan.cfg.parallelism.fsdp_reshard_after_forward != "never"
     ag_bwd = [a if (regather and k != "head") else 0.0 for a, k in zip(ag, kinds)]
     if plan.hw.is_cpu:  # gloo runs on the same cores as the compute: nothing overlaps
@@ -290,17 +291,17 @@ def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool
     t = plan.tp
     if t == 1:
         return 0.0
-    bw = _link(plan, r, t)
-    vol = tokens * plan.args.dim * plan.act_bytes * (t - 1) / t
-    per_coll = vol / bw
+    full = (
+        tokens * plan.args.dim * plan.act_bytes
+    )  # one gathered activation (sequence-parallel) or reduced one
+    edge = (2 if has_emb else 0) + (2 if has_head else 0)
     if plan.sequence_parallel:
         # forward 2 all-gathers + 2 reduce-scatters, backward the same, plus what recompute repeats
-        n = sum(4 + 4 + tp_collectives_recomputed(m) for m in modes)
-    else:
-        # 2 all-reduces forward, 2 backward (2 more for full recompute); an all-reduce moves 2x the bytes
-        n = sum(2 * (2 + 2 + (2 if m == "full" else 0)) for m in modes)
-    n += (2 if has_emb else 0) + (2 if has_head else 0)
-    return n * per_coll
+        n = sum(4 + 4 + tp_collectives_recomputed(m) for m in modes) + edge
+        return n * _ring(plan, r, full, t, 1)
+    # 2 all-reduces forward, 2 backward (2 more for full recompute)
+    n = sum(2 + 2 + (2 if m == "full" else 0) for m in modes) + edge // 2
+    return n * _ring(plan, r, full, t, 1, "all_reduce")
 
 
 def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: float) -> float:
@@ -309,13 +310,13 @@ def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: 
     if c == 1:
         return 0.0
     d = plan.dims
-    bw = _link(plan, r, c * d.tp)
-    kv_bytes = tokens * 2 * plan.shape.kv * plan.act_bytes * (c - 1)  # the other ranks' K and V
+    kv_bytes = tokens * 2 * plan.shape.kv * plan.act_bytes * c  # K and V of the whole sequence
+    per_coll = _ring(plan, r, kv_bytes, c, d.tp)
     total = 0.0
     for m in modes:
         # forward all-gather; backward gather + reduce-scatter of dK/dV; recompute gathers again
         n = 1 + 2 + (1 if recomputes_attention(m) else 0)
-        total += n * kv_bytes / bw
+        total += n * per_coll
     if plan.cfg.parallelism.context_parallel_rotate_method == "alltoall":
         return max(0.0, total - attention_s)  # ring passes overlap the per-step attention
     return total
@@ -397,9 +398,10 @@ def training_step_time(plan: Plan) -> dict:
     if plan.pp_plan is not None:
         d = plan.dims
         v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
-        bw = _link(plan, r, d.pp * d.dp_replicate * d.dp_shard * d.cp * d.tp)
+        stage_stride = d.dp_replicate * d.dp_shard * d.cp * d.tp  # global ranks between neighbouring stages
         act = tokens * plan.shape.d_s * plan.act_bytes
-        pp_comm = 2 * v * m * plan.accum * act / bw
+        send = collectives.p2p_time(plan, r.intra, r.inter, act, stage_stride)
+        pp_comm = 2 * v * m * plan.accum * send
     # optimizer over the largest shard
     p_local = (
         max(
