@@ -400,6 +400,12 @@ class Estimate:
         False,
         "what-if: tensor-parallel collectives overlapped as by torch's async TP (not applied by this trainer yet)",
     )
+    eager_rms_norm: Literal["fused", "composite"] = opt(
+        "fused",
+        "RMSNorm outside torch.compile on CUDA: fused (one kernel each way, torch >= 2.9) or composite (upcast,"
+        " square, mean, rsqrt, scale, downcast, weight as separate kernels: torch before 2.9, for runs on older"
+        " software); CPU is always composite",
+    )
     peak_tflops: float | None = opt(
         None, "override the device's dense BF16 peak TFLOPS (e.g. a power-capped part)"
     )

@@ -270,7 +270,7 @@ class Plan:
             tp=t,
             sequence_parallel=self.sequence_parallel,
             act_bytes=self.act_bytes,
-            fused_norm=not self.hw.is_cpu,
+            fused_norm=not self.hw.is_cpu and self.cfg.estimate.eager_rms_norm == "fused",
         )
 
     @property

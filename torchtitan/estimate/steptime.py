@@ -143,10 +143,11 @@ def _linear_time(r: Rates, lin: Linear, tokens: float, tp: int, b: int) -> tuple
 def elementwise_bytes(plan: Plan) -> tuple[float, float]:
     """(forward, backward) bytes of a block's memory-bound elementwise work per token (docs/estimate.md).
 
-    Eager: fused RMSNorm (torch.rms_norm on CUDA), RoPE in fp32 as the model writes it (upcast, four products,
-    difference and sum, stack, downcast: 44 + 2b bytes per element of q and k), the copy of the attention output
-    into wo's layout, SiLU and the gate product, two residual adds. Compiled: norms fused with the residual adds,
-    RoPE in one kernel, SiLU x gate in one kernel.
+    Eager: RMSNorm fused (torch >= 2.9 on CUDA: one kernel, pytorch/pytorch#153666) or composite (older torch,
+    and CPU), RoPE as the model's eager path writes it (upcast to fp32, one complex multiply, downcast: b + 4,
+    4 + 4 and 4 + b bytes per element of q and k, the same backward), the copy of the attention output into wo's
+    layout, SiLU and the gate product, two residual adds. Compiled: norms fused with the residual adds, RoPE in
+    one kernel, SiLU x gate in one kernel.
     """
     s, b = plan.shape, plan.act_bytes
     qk = s.h + s.kv
@@ -154,10 +155,10 @@ def elementwise_bytes(plan: Plan) -> tuple[float, float]:
         fwd = 8 * b * s.d_s + 2 * b * qk + 2 * b * s.h + 3 * b * s.f
         bwd = 10 * b * s.d_s + 2 * b * qk + 2 * b * s.h + 5 * b * s.f
     else:
-        rope = 44 + 2 * b
+        rope = 16 + 2 * b
         # fused RMSNorm reads and writes each element once (backward: reads grad and input, writes grad); the
-        # composite one (CPU) upcasts (b+4), squares (8), averages (4), scales (8), downcasts (4+b) and applies
-        # the weight (2b): 28 + 4b, and about twice that backward
+        # composite one (CPU, torch < 2.9) upcasts (b+4), squares (8), averages (4), scales (8), downcasts (4+b)
+        # and applies the weight (2b): 28 + 4b, and about twice that backward
         norm_f = 2 * b if s.fused_norm else 28 + 4 * b
         norm_b = 3 * b if s.fused_norm else 2 * (28 + 4 * b)
         fwd = (2 * norm_f + 6 * b) * s.d_s + rope * qk + 2 * b * s.h + 5 * b * s.f
