@@ -287,6 +287,33 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
     return exposed + rs[order[-1]]
 
 
+def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
+    """Seconds of FSDP2's own memory-bound copies in one gather-and-reduce round of a rank's units.
+
+    torch's fully_shard (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) gathers into one flat buffer and
+    copies it out into the unsharded parameters (split_with_sizes_copy, on the compute stream, before the unit can
+    run): every gathered byte read and written again, once forward and once more for the backward re-gather. For
+    the reduce-scatter it copies the unsharded gradients into the flat send buffer in the reduce dtype (gradient
+    bytes read, reduce-dtype bytes written); recent torch does this on the compute stream before handing the
+    buffer to the reduce-scatter stream (older versions on the reduce-scatter stream, where it still shares the
+    HBM and SMs with the compute). Counted as serial memory-bound work; the sharded side (1/n) is neglected.
+    """
+    d = plan.dims
+    if (plan.fsdp_degree == 1 and d.dp_replicate == 1) or plan.hw.is_cpu:
+        return 0.0
+    gb = gather_bytes(plan, fp8_param_share(plan))
+    n_blocks, has_emb, has_head = plan.rank_layers()[rank]
+    regather = plan.pp_plan is None and plan.cfg.parallelism.fsdp_reshard_after_forward != "never"
+    b = plan.act_bytes
+    gathers = 2 if regather else 1
+    blocks = n_blocks * plan.block_params()
+    emb = plan.embedding_params() if has_emb else 0
+    head = plan.head_params() if has_head else 0  # stays gathered for backward: one copy-out
+    copy_out = 2 * (blocks * gb * gathers + emb * b * gathers + head * b)
+    copy_in = (blocks + emb + head) * (b + plan.reduce_bytes)
+    return (copy_out + copy_in) / r.hbm
+
+
 def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
     """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
     t = plan.tp
@@ -391,9 +418,10 @@ def training_step_time(plan: Plan) -> dict:
     passes = m * plan.accum  # forward+backward passes per optimizer step on each stage chunk
     # the rank with the most work sets the pace
     busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) for x in per_rank]
-    worst = max(range(len(per_rank)), key=lambda i: busy[i])
-    w = per_rank[worst]
     steps = plan.accum  # FSDP gathers and reduces once per micro-step (PP: once per schedule step)
+    copies = [fsdp_copies(plan, r, i) * steps for i in range(len(per_rank))]
+    worst = max(range(len(per_rank)), key=lambda i: busy[i] * plan.n_microbatches * plan.accum + copies[i])
+    w = per_rank[worst]
     bubble = pipeline_ratio(plan) * busy[worst] * passes
     pp_comm = 0.0
     if plan.pp_plan is not None:
@@ -417,7 +445,7 @@ def training_step_time(plan: Plan) -> dict:
     )
     opt = optimizer_time(plan, r, p_local)
     breakdown = {
-        "compute": w["compute"] * passes,
+        "compute": w["compute"] * passes + copies[worst],
         "recompute": w["recompute"] * passes,
         "fsdp_comm_exposed": w["fsdp"] * steps,
         "tp_comm_exposed": w["tp"] * passes,
@@ -427,6 +455,7 @@ def training_step_time(plan: Plan) -> dict:
         "optimizer": opt,
     }
     detail = {k: v * passes for k, v in w["detail"].items()}
+    detail["elementwise"] += copies[worst]  # FSDP2's copy-out / copy-in: memory-bound elementwise work
     return {
         "step_time_s": sum(breakdown.values()),
         "step_time_breakdown_s": breakdown,
