@@ -417,10 +417,11 @@ def training_step_time(plan: Plan) -> dict:
     m = plan.n_microbatches
     passes = m * plan.accum  # forward+backward passes per optimizer step on each stage chunk
     # the rank with the most work sets the pace
-    busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) for x in per_rank]
     steps = plan.accum  # FSDP gathers and reduces once per micro-step (PP: once per schedule step)
-    copies = [fsdp_copies(plan, r, i) * steps for i in range(len(per_rank))]
-    worst = max(range(len(per_rank)), key=lambda i: busy[i] * plan.n_microbatches * plan.accum + copies[i])
+    # FSDP2's copies, spread over the passes they serve (under PP they also sit in the schedule's fill and drain)
+    copies = [fsdp_copies(plan, r, i) * steps / passes for i in range(len(per_rank))]
+    busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) + c for x, c in zip(per_rank, copies)]
+    worst = max(range(len(per_rank)), key=lambda i: busy[i])
     w = per_rank[worst]
     bubble = pipeline_ratio(plan) * busy[worst] * passes
     pp_comm = 0.0
@@ -445,7 +446,7 @@ def training_step_time(plan: Plan) -> dict:
     )
     opt = optimizer_time(plan, r, p_local)
     breakdown = {
-        "compute": w["compute"] * passes + copies[worst],
+        "compute": (w["compute"] + copies[worst]) * passes,
         "recompute": w["recompute"] * passes,
         "fsdp_comm_exposed": w["fsdp"] * steps,
         "tp_comm_exposed": w["tp"] * passes,
@@ -455,7 +456,9 @@ def training_step_time(plan: Plan) -> dict:
         "optimizer": opt,
     }
     detail = {k: v * passes for k, v in w["detail"].items()}
-    detail["elementwise"] += copies[worst]  # FSDP2's copy-out / copy-in: memory-bound elementwise work
+    detail["elementwise"] += (
+        copies[worst] * passes
+    )  # FSDP2's copy-out / copy-in: memory-bound elementwise work
     return {
         "step_time_s": sum(breakdown.values()),
         "step_time_breakdown_s": breakdown,
