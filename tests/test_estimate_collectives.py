@@ -69,3 +69,12 @@ def test_ring_time_is_latency_bound_small_and_bandwidth_bound_large():
 def test_p2p_uses_one_link():
     assert collectives.p2p_time(H100, NVL, NIC, 1e9, 1) == pytest.approx(8.4e-6 + 3.4e-6 + 1e9 / NVL)
     assert collectives.p2p_time(H100, NVL, NIC, 1e9, 64) == pytest.approx(8.4e-6 + 9.6e-6 + 1e9 / NIC)
+
+
+def test_overlapped_ring_takes_its_channels_sms():
+    # NVLink-speed ring: all of NCCL's channels (H100: 16 of 132 SMs; A100: 24 of 108)
+    assert collectives.overlap_sm_share(H100, NVL, NVL) == pytest.approx(16 / 132)
+    a100_intra = A100.hw.intra_node_gbps * 1e9 * 0.80
+    assert collectives.overlap_sm_share(A100, a100_intra, a100_intra) == pytest.approx(24 / 108)
+    # one NIC per node: the channels of one NIC's bandwidth only
+    assert collectives.overlap_sm_share(H100, NIC, NVL) == pytest.approx(16 * NIC / NVL / 132)

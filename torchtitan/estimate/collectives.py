@@ -23,6 +23,12 @@ busbw  the bus bandwidth nccl-tests reports for large messages.
          8 x 25 GB/s; ConnectX-7 NICs at NDR "should achieve up to 48-49GB/s per NIC" (NVIDIA/nccl-tests#267,
          2024-11), 0.97 of 50: Efficiency.inter_node = 0.96.
 A point-to-point send (pipeline stages) uses one link: NVLink inside a node, the sending GPU's NIC across nodes.
+Overlap is not free: each NCCL channel is one resident thread block, and with NCCL's shared-memory buffers it keeps
+a GEMM tile off its SM, so compute overlapped with a collective runs on (SMs - channels) of the SMs. Channels as
+NCCL's logs show them for rings at full NVLink speed: 24 on an HGX A100 node (NVIDIA/nccl-tests#100: "Channel
+23/24"), 16 on H100 nodes (NVIDIA/nccl#1453: "Channel 05/16"); 16 elsewhere (an assumption). NCCL sizes a ring's
+channel count to its bandwidth (its model: busBw = nChannels x per-channel speed, tuning.cc above), so a ring
+that runs at a fraction of the intra-node bus bandwidth (one NIC per node) holds that fraction of the channels.
 On CPU (gloo, calibrated rates) there is no latency term: the calibration measured the whole collective.
 """
 
@@ -30,11 +36,26 @@ from __future__ import annotations
 
 import math
 
+from . import rates
 from .plan import Plan
 
 RING_BASE_LAT_S = 8.4e-6
 HOP_LAT_S = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 9.6e-6}
 NVLINK_MIN_GBPS = 100.0  # an intra-node link this fast per direction is NVLink / Infinity Fabric, not PCIe
+NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24}
+NCCL_CHANNELS_DEFAULT = 16
+
+
+def overlap_sm_share(plan: Plan, ring_busbw: float, intra: float) -> float:
+    """Share of the SMs a ring running at `ring_busbw` takes from the compute it overlaps (0 on CPU)."""
+    if plan.hw.is_cpu:
+        return 0.0
+    try:
+        sms = rates.gemm_source(plan.hw.name)[0].sms
+    except KeyError:
+        return 0.0
+    channels = NCCL_CHANNELS.get(plan.hw.name, NCCL_CHANNELS_DEFAULT) * min(1.0, ring_busbw / intra)
+    return min(1.0, channels / sms)
 
 
 def group_layout(plan: Plan, n: int, stride: int) -> tuple[int, int]:

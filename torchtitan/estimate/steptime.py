@@ -284,7 +284,11 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
     for j, u in enumerate(order):
         link = (ag_bwd[order[j + 1]] if j + 1 < len(order) else 0.0) + (rs[order[j - 1]] if j > 0 else 0.0)
         exposed += max(0.0, link - bwd[u])
-    return exposed + rs[order[-1]]
+    exposed += rs[order[-1]]
+    # the hidden part still holds NCCL's channels' SMs, slowing the compute it overlaps (collectives.py)
+    hidden = max(0.0, sum(ag) + sum(ag_bwd) + sum(rs) - exposed)
+    ring = collectives.busbw(plan, r.intra, r.inter, n, d.tp)
+    return exposed + collectives.overlap_sm_share(plan, ring, r.intra) * hidden
 
 
 def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
