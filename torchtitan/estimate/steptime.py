@@ -313,7 +313,8 @@ def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
     blocks = n_blocks * plan.block_params()
     emb = plan.embedding_params() if has_emb else 0
     head = plan.head_params() if has_head else 0  # stays gathered for backward: one copy-out
-    copy_out = 2 * (blocks * gb * gathers + emb * b * gathers + head * b)
+    # a shard group of one (replication only) has nothing to gather
+    copy_out = 2 * (blocks * gb * gathers + emb * b * gathers + head * b) if plan.fsdp_degree > 1 else 0.0
     copy_in = (blocks + emb + head) * (b + plan.reduce_bytes)
     return (copy_out + copy_in) / r.hbm
 
