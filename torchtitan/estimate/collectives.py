@@ -30,6 +30,8 @@ NCCL's logs show them for rings at full NVLink speed: 24 on an HGX A100 node (NV
 channel count to its bandwidth (its model: busBw = nChannels x per-channel speed, tuning.cc above), so a ring
 that runs at a fraction of the intra-node bus bandwidth (one NIC per node) holds that fraction of the channels.
 On CPU (gloo, calibrated rates) there is no latency term: the calibration measured the whole collective.
+Not modelled: NCCL's tree all-reduce (chosen for small messages over many nodes: log2(nodes) network steps instead
+of nodes - 1; the ring is an upper bound there) and NVLink SHARP / IB SHARP all-reduce.
 """
 
 from __future__ import annotations
