@@ -20,10 +20,12 @@ class Efficiency:
     # 2039 (0.83) in its memory-bound decode; streaming kernels of several inputs sustain a little less
     hbm: float = 0.80
     # ---- communication (NCCL bus bandwidth as a fraction of the link's datasheet peak, one direction) ----
-    # an assumption, not a measurement of this project: large all-gathers / reduce-scatters in nccl-tests reach
-    # roughly 80 % of NVLink's and of a 400 Gb/s NIC's per-direction rate (docs/estimate.md lists it as unverified)
+    # NVLink: nccl-tests' all-gather bus bandwidth on 8 H100 SXM is 360 of NVLink 4's 450 GB/s per direction
+    # (NVIDIA/nccl-tests#212, #326); across nodes, one NIC's share of the ring: NVIDIA measures 192 GB/s of
+    # DGX A100's 8 x 25 GB/s (NVIDIA/nccl#812) and 48-49 of a 50 GB/s ConnectX-7 (NVIDIA/nccl-tests#267): 0.96.
+    # A ring across nodes is capped at the intra-node figure (collectives.busbw). docs/estimate.md, "Rates".
     intra_node: float = 0.80
-    inter_node: float = 0.80
+    inter_node: float = 0.96
     # TP collectives sit on the critical path (the next matmul needs the gathered input): exposed fraction
     tp_exposed: float = 1.0
     async_tp_exposed: float = 0.5  # torch's async TP micro-pipelines them with the matmuls; about half stays
