@@ -49,8 +49,8 @@ def test_busbw_inside_a_node_is_nvlink_and_across_nodes_the_nics_of_the_group():
 def test_ring_latency_counts_nvlink_and_network_steps():
     # 8 ranks in a node: base + 7 NVLink hops
     assert collectives.ring_latency(H100, 8, 1) == pytest.approx(8.4e-6 + 7 * 3.4e-6)
-    # 64 ranks on 8 nodes: 56 NVLink steps and 7 network steps; all-reduce twice the steps
-    one = 8.4e-6 + 56 * 3.4e-6 + 7 * 9.6e-6
+    # 64 ranks on 8 nodes: 56 NVLink steps and 7 network steps (14.0 us each, NCCL 2.21.5); all-reduce twice
+    one = 8.4e-6 + 56 * 3.4e-6 + 7 * 14.0e-6
     assert collectives.ring_latency(H100, 64, 1) == pytest.approx(one)
     assert collectives.ring_latency(H100, 64, 1, 2) == pytest.approx(8.4e-6 + 2 * (one - 8.4e-6))
 
@@ -68,7 +68,7 @@ def test_ring_time_is_latency_bound_small_and_bandwidth_bound_large():
 
 def test_p2p_uses_one_link():
     assert collectives.p2p_time(H100, NVL, NIC, 1e9, 1) == pytest.approx(8.4e-6 + 3.4e-6 + 1e9 / NVL)
-    assert collectives.p2p_time(H100, NVL, NIC, 1e9, 64) == pytest.approx(8.4e-6 + 9.6e-6 + 1e9 / NIC)
+    assert collectives.p2p_time(H100, NVL, NIC, 1e9, 64) == pytest.approx(8.4e-6 + 14.0e-6 + 1e9 / NIC)
 
 
 def test_overlapped_ring_takes_its_channels_sms():
@@ -78,3 +78,8 @@ def test_overlapped_ring_takes_its_channels_sms():
     assert collectives.overlap_sm_share(A100, a100_intra, a100_intra) == pytest.approx(24 / 108)
     # one NIC per node: the channels of one NIC's bandwidth only
     assert collectives.overlap_sm_share(H100, NIC, NVL) == pytest.approx(16 * NIC / NVL / 132)
+    # a ring over whole nodes (every GPU and its NIC) keeps the node's channels, whatever its bus bandwidth
+    assert collectives.overlap_sm_share(A100, 192e9, a100_intra, full_nodes=True) == pytest.approx(24 / 108)
+    assert collectives.overlap_sm_share(A100, 192e9, a100_intra) == pytest.approx(
+        24 * 192e9 / a100_intra / 108
+    )

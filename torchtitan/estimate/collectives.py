@@ -7,8 +7,10 @@ spread over `nodes` nodes takes
 
 alpha  NCCL's own latency model for the ring with the Simple protocol (the one used for large messages):
        a base latency plus one hop latency per ring step, NVLink (or PCIe) for the steps inside a node and network
-       for the (nodes - 1) steps between nodes. Figures: NVIDIA/nccl src/graph/tuning.cc (commit 01afd20, the
-       `baseLat` / `hwLat` tables): ring Simple base 8.4 us; per step NVLink 3.4 us, PCIe 5.7 us, network 9.6 us.
+       for the (nodes - 1) steps between nodes. Figures: NVIDIA/nccl src/graph/tuning.cc as shipped in NCCL
+       2.21.5 (the version in torch 2.5/2.6 CUDA wheels; the `baseLat` / `hwLat` tables, unchanged in these
+       entries since 2.18.1): ring Simple base 8.4 us; per step NVLink 3.4 us, PCIe 5.7 us, network 14.0 us
+       (the 2020 tables, commit 01afd20, had 9.6 us for the network step).
 busbw  the bus bandwidth nccl-tests reports for large messages.
        inside a node: a fraction of the per-direction link rate, Efficiency.intra_node (0.80). NVIDIA's NCCL
          maintainers: on 8 H100 SXM "450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an
@@ -26,9 +28,12 @@ A point-to-point send (pipeline stages) uses one link: NVLink inside a node, the
 Overlap is not free: each NCCL channel is one resident thread block, and with NCCL's shared-memory buffers it keeps
 a GEMM tile off its SM, so compute overlapped with a collective runs on (SMs - channels) of the SMs. Channels as
 NCCL's logs show them for rings at full NVLink speed: 24 on an HGX A100 node (NVIDIA/nccl-tests#100: "Channel
-23/24"), 16 on H100 nodes (NVIDIA/nccl#1453: "Channel 05/16"); 16 elsewhere (an assumption). NCCL sizes a ring's
-channel count to its bandwidth (its model: busBw = nChannels x per-channel speed, tuning.cc above), so a ring
-that runs at a fraction of the intra-node bus bandwidth (one NIC per node) holds that fraction of the channels.
+23/24"), 16 on H100 nodes (NVIDIA/nccl#1453: "Channel 05/16"); 16 elsewhere (an assumption). A ring across nodes
+whose group holds every GPU of each node (one NIC per GPU) keeps the node's channels: NCCL 2.21.5's ring search
+and channel duplication (src/graph/search.cc, connect.cc) give a multi-node 8-NIC H100 job the same 16 channels
+as one node. A ring with fewer of the group's ranks per node than GPUs (e.g. FSDP across nodes under TP 8) runs
+on fewer NICs; NCCL sizes its channels to its bandwidth (busBw = nChannels x per-channel speed, tuning.cc), so it
+holds the ring's share of the intra-node bus bandwidth's channels.
 On CPU (gloo, calibrated rates) there is no latency term: the calibration measured the whole collective.
 Not modelled: NCCL's tree all-reduce (chosen for small messages over many nodes: log2(nodes) network steps instead
 of nodes - 1; the ring is an upper bound there) and NVLink SHARP / IB SHARP all-reduce.
@@ -42,21 +47,23 @@ from . import rates
 from .plan import Plan
 
 RING_BASE_LAT_S = 8.4e-6
-HOP_LAT_S = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 9.6e-6}
+HOP_LAT_S = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 14.0e-6}  # NCCL 2.21.5 tuning.cc
 NVLINK_MIN_GBPS = 100.0  # an intra-node link this fast per direction is NVLink / Infinity Fabric, not PCIe
 NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24}
 NCCL_CHANNELS_DEFAULT = 16
 
 
-def overlap_sm_share(plan: Plan, ring_busbw: float, intra: float) -> float:
-    """Share of the SMs a ring running at `ring_busbw` takes from the compute it overlaps (0 on CPU)."""
+def overlap_sm_share(plan: Plan, ring_busbw: float, intra: float, full_nodes: bool = False) -> float:
+    """Share of the SMs a ring running at `ring_busbw` takes from the compute it overlaps (0 on CPU).
+    `full_nodes`: the ring's group holds every GPU of each node it spans (NCCL keeps the node's channels)."""
     if plan.hw.is_cpu:
         return 0.0
     try:
         sms = rates.gemm_source(plan.hw.name)[0].sms
     except KeyError:
         return 0.0
-    channels = NCCL_CHANNELS.get(plan.hw.name, NCCL_CHANNELS_DEFAULT) * min(1.0, ring_busbw / intra)
+    share = 1.0 if full_nodes else min(1.0, ring_busbw / intra)
+    channels = NCCL_CHANNELS.get(plan.hw.name, NCCL_CHANNELS_DEFAULT) * share
     return min(1.0, channels / sms)
 
 

@@ -288,7 +288,9 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
     # the hidden part still holds NCCL's channels' SMs, slowing the compute it overlaps (collectives.py)
     hidden = max(0.0, sum(ag) + sum(ag_bwd) + sum(rs) - exposed)
     ring = collectives.busbw(plan, r.intra, r.inter, n, d.tp)
-    return exposed + collectives.overlap_sm_share(plan, ring, r.intra) * hidden
+    ppn, _ = collectives.group_layout(plan, n, d.tp)
+    full = ppn >= plan.hw.devices_per_node
+    return exposed + collectives.overlap_sm_share(plan, ring, r.intra, full) * hidden
 
 
 def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
