@@ -14,13 +14,14 @@ exposed communication, by dimension:
 pipeline_bubble  idle time of the schedule: (p-1)/m of the work for 1F1B/GPipe, (p-1)/(v*m) interleaved, a third
              of that for the zero-bubble schedules
 optimizer    AdamW + gradient clipping over this rank's fp32 shard: memory-bound
+straggler    the wait for the slowest of the job's GPUs: a share of the synchronised compute (stragglers.py)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import collectives, rates
+from . import collectives, rates, stragglers
 from .activations import (
     block_modes,
     recomputed_matmuls,
@@ -430,7 +431,10 @@ def training_step_time(plan: Plan) -> dict:
     busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) + c for x, c in zip(per_rank, copies)]
     worst = max(range(len(per_rank)), key=lambda i: busy[i])
     w = per_rank[worst]
-    bubble = pipeline_ratio(plan) * busy[worst] * passes
+    # every rank waits for the slowest GPU at each collective: its compute sets the pace (stragglers.py)
+    straggler = stragglers.straggler_share(plan) * (w["compute"] + copies[worst] + w["recompute"]) * passes
+    # the bubble is idle time of a schedule whose stages run at that pace
+    bubble = pipeline_ratio(plan) * (busy[worst] * passes + straggler)
     pp_comm = 0.0
     if plan.pp_plan is not None:
         d = plan.dims
@@ -461,6 +465,7 @@ def training_step_time(plan: Plan) -> dict:
         "pp_comm_exposed": pp_comm,
         "pipeline_bubble": bubble,
         "optimizer": opt,
+        "straggler": straggler,
     }
     detail = {k: v * passes for k, v in w["detail"].items()}
     detail["elementwise"] += (
