@@ -32,8 +32,9 @@ NCCL's logs show them for rings at full NVLink speed: 24 on an HGX A100 node (NV
 whose group holds every GPU of each node (one NIC per GPU) keeps the node's channels: NCCL 2.21.5's ring search
 and channel duplication (src/graph/search.cc, connect.cc) give a multi-node 8-NIC H100 job the same 16 channels
 as one node (A100's 24 by the same rule: an extrapolation). A ring with fewer of the group's ranks per node
-than GPUs (e.g. FSDP across nodes under TP 8) runs on fewer NICs; NCCL sizes its channels to its bandwidth (busBw = nChannels x per-channel speed, tuning.cc), so it
-holds the ring's share of the intra-node bus bandwidth's channels.
+than GPUs (e.g. FSDP across nodes under TP 8) runs on fewer NICs; NCCL sizes its channels to its bandwidth
+(busBw = nChannels x per-channel speed, tuning.cc), so it holds the ring's share of the intra-node bus
+bandwidth's channels.
 On CPU (gloo, calibrated rates) there is no latency term: the calibration measured the whole collective.
 Not modelled: NCCL's tree all-reduce (chosen for small messages over many nodes: log2(nodes) network steps instead
 of nodes - 1; the ring is an upper bound there) and NVLink SHARP / IB SHARP all-reduce.
