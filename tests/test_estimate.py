@@ -40,7 +40,7 @@ TRAINING_KEYS = {"fits", "memory_gib", "memory_breakdown_gib", "step_time_s", "s
 MEMORY_KEYS = {"parameters", "gradients", "optimizer_states", "activations", "logits_loss", "fsdp_buffers",
                "float8_extras", "allocator_and_comm_overhead"}  # fmt: skip
 TIME_KEYS = {"compute", "recompute", "fsdp_comm_exposed", "tp_comm_exposed", "cp_comm_exposed", "pp_comm_exposed",
-             "pipeline_bubble", "optimizer"}  # fmt: skip
+             "pipeline_bubble", "optimizer", "straggler"}  # fmt: skip
 
 
 def estimate(*argv) -> dict:

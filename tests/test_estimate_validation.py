@@ -1,110 +1,214 @@
-"""The estimator against published runs (tests/estimate_reference.toml; every row's error is in docs/estimate.md).
+"""The estimator against published runs, cross-validated (tests/estimate_reference.toml; every row's error is in
+docs/estimate.md, "Validation").
 
-Goal, one set of default efficiencies: tokens/s within 15 % and memory within 10 % of every training row,
-decode tokens/s within 15 % of every inference row, orderings always right. A row that stays outside is marked
-xfail(strict=True) with the reason, so the suite turns red the day it starts passing.
+Goal (issue 24): on the leave-one-source-out errors, tokens/s (and TFLOPS, decode tokens/s, CPU step time) within
+15 %, memory within 10 %, GPU-hours within 25 % on every row, and a median absolute error of at most 5 %. A figure
+that stays outside is marked xfail(strict=True) with its reason, so the suite turns red the day it starts passing.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from torchtitan.estimate.validation import cpu_estimate, inference_estimate, load_reference, training_estimate
+from torchtitan.estimate import validation
+from torchtitan.estimate.validation import (
+    cross_validated,
+    load_reference,
+    median_abs_error,
+    table,
+    training_estimate,
+)
 
 REF = load_reference()
-TPS_GOAL, MEM_GOAL, DECODE_GOAL = 0.15, 0.10, 0.15
+CV = cross_validated(REF)
 
-# Rows outside the goal with the defaults, and why (docs/estimate.md, "Validation"). Never tuned per row.
-OUTSIDE_TPS = {
-    "h100_8b_cp4_128k": "measured 1,071 tokens/s is 23% below what the model's FLOPs, attention efficiency and"
-    " exposed K/V all-gathers explain (the CP1/CP2 rows fit); the published run's loss at CP>=4 is not modelled",
-    "h100_8b_cp8_256k": "measured 548 tokens/s is 26% below the model (same gap as CP 4); see the CP 4 row",
+_PP_MEM = (
+    "pipeline ranks hold ~10-12 GiB more than the model's states + unsharded gradient accumulation + in-flight"
+    " activations; the source gives no breakdown"
+)
+_TORCHAO_H100 = (
+    "torchao's 8-GPU H100 tables: the H100 variant (80 GB / 700 W or Meta's 96 GB / 500 W) is not stated; with the"
+    " 500 W rates the peak memory is ~20 % low at batch 1 (and one of the 2025-02 table's tokens/s, +17 %), while"
+    " torchtitan's own 8-GPU batch-2 rows on those parts fit within 11 % / 6 %: ~10 GiB independent of the batch"
+    " and, in the 2025-02 software, ~5 % more of the step are not explained"
+)
+_MI300X = (
+    "MI300X: the published GEMM MAMF (668 TFLOPS) was measured with PYTORCH_TUNABLEOP_ENABLED=1, the torchtitan run"
+    " did not tune; no published flash-attention figure for ROCm SDPA is used (the H100 FA2 fraction is assumed)"
+)
+_A100 = (
+    "A100 cluster of torchtitan's 2024 tables (network not described): priced as DGX A100 (8 x 200 Gb/s per node,"
+    " ring bus bandwidth 192 GB/s as NVIDIA measures it), the FSDP traffic hides under compute and every row of"
+    " the table is estimated 7-16 % faster than published (1 of 8 rows beyond 15 %); the compute rates"
+    " (MAMF 271 of 312 TFLOPS, FA2 73 %)"
+    " are what a single A100 sustains (FlashAttention-2's authors train GPT models end-to-end at up to 225 TFLOPS"
+    " per A100, 72 % MFU; these runs reach ~48 %): what they lost beyond the model's work is not explained"
+)
+_MULTI_NODE = (
+    "multi-node FSDP at full NVLink-ring speed (NCCL rings use every NIC of the node): the published H200 runs"
+    " (32/64 GPUs, compile + float8) run 18-20 % below the estimate, the slowest-GPU pacing included; the"
+    " single-GPU H200 runs of this project fit within 6 %: not explained"
+)
+_SINGLE_MEM = (
+    "one-GPU runs of this project (autocast, no FSDP wrapper): the compiled runs' peak depends on what Inductor"
+    " keeps between the graphs, which the activation model approximates per op"
+)
+OUTSIDE: dict[tuple[str, str], str] = {
+    ("llama3_405b_16k_gpus_cp16_128k", "TFLOPS/device"): "Meta's CP is an all-gather CP with its own overlap;"
+    " this framework's exposed K/V all-gathers at CP 16 across nodes are estimated slower than Meta's",
+    ("cpu_debug_1proc", "max RSS GiB"): "CPU resident memory keeps what glibc does not return and CPU kernel"
+    " scratch (oneDNN bf16 reorders, SDPA per-thread buffers): not modelled",
+    ("cpu_debug_2proc", "max RSS GiB"): "same as the 1-process row",
+    ("llama3_405b_16k_gpus", "TFLOPS/device"): "16,384 GPUs paced by the slowest (stragglers.py: 1.76 % x"
+    " E[max of 16,384] = 3.97, +7 % of the compute) with Meta's own 4D layout and"
+    " overlap, which the source does not detail: estimated 16.5 % below the published 400 TFLOPS; the 8,192-GPU row fits within 7 %",
+    ("h200_1b_single_compile", "memory GiB"): _SINGLE_MEM,
+    ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_MEM,
+    ("h200_3b_single_compile", "memory GiB"): _SINGLE_MEM,
+    ("h200_8b16l_single_compile_sac_op", "memory GiB"): _SINGLE_MEM,
+    **{(f"a100_{m}", "tokens/s/device"): _A100 for m in ("llama2_70b_fsdp64_b1_sac_op",)},
+    ("h200_8b_fsdp32_compile_float8", "tokens/s/device"): _MULTI_NODE,
+    ("h200_8b_fsdp64_compile_float8", "tokens/s/device"): _MULTI_NODE,
+    ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
+    ("h100_405b_fsdp8_tp8_pp8_interleaved", "memory GiB"): _PP_MEM,
+    (
+        "h100_405b_fsdp8_tp8_pp8_interleaved",
+        "tokens/s/device",
+    ): "interleaved 1F1B: the bubble (p-1)/(v m) with"
+    " one micro-batch per stage is smaller than what the published run lost; its 1F1B twin is within 3 %",
+    (
+        "h100_8b_cp4_128k",
+        "tokens/s/device",
+    ): "CP 4 at 128K: the published throughput per FLOP drops ~20 % more"
+    " than attention efficiency and exposed K/V all-gathers explain (CP 1 and 2 fit)",
+    ("h100_8b_cp8_256k", "tokens/s/device"): "CP 8 at 256K: same as CP 4",
+    **{
+        (f"h100_8b_fsdp8_b1_{r}_torchao{v}", q): _TORCHAO_H100
+        for r in ("bf16", "tensorwise", "rowwise")
+        for v, q in (("", "memory GiB"), ("_2025_02", "memory GiB"), ("_2025_02", "tokens/s/device"))
+        if q != "tokens/s/device" or r == "tensorwise"
+    },
+    **{
+        (f"mi300x_8b_fsdp8_b1_{r}_torchao", "tokens/s/device"): _MI300X
+        for r in ("bf16", "tensorwise", "rowwise")
+    },
 }
-OUTSIDE_MEM = {
-    "h100_405b_fsdp8_tp8_pp8_1f1b": "pipeline ranks hold ~12 GiB more than the model's states + unsharded"
-    " gradient accumulation + in-flight activations; the source gives no breakdown",
-    "h100_405b_fsdp8_tp8_pp8_interleaved": "same missing ~10 GiB under pipeline parallelism as the 1F1B row",
-}
 
 
-_CACHE: dict[str, dict] = {}
+def _params():
+    out = []
+    for x in CV:
+        key = (x["id"], x["what"])
+        marks = [pytest.mark.xfail(strict=True, reason=OUTSIDE[key])] if key in OUTSIDE else []
+        out.append(pytest.param(x, id=f"{x['id']}-{x['what'].replace(' ', '_')}", marks=marks))
+    return out
 
 
-def training(row_id: str) -> dict:
-    if row_id not in _CACHE:
-        _CACHE[row_id] = training_estimate(REF, next(r for r in REF["training"] if r["id"] == row_id))
-    return _CACHE[row_id]
-
-
-def _marked(rows, outside: dict):
-    return [
-        pytest.param(r, id=r["id"], marks=pytest.mark.xfail(strict=True, reason=outside[r["id"]]))
-        if r["id"] in outside
-        else pytest.param(r, id=r["id"])
-        for r in rows
-    ]
-
-
-@pytest.mark.parametrize("row", _marked(REF["training"], OUTSIDE_TPS))
-def test_training_tokens_per_sec(row):
-    est = training(row["id"])["tokens_per_sec_per_device"]
-    err = est / row["tokens_per_sec"] - 1
-    assert abs(err) <= TPS_GOAL, (
-        f"{row['id']}: estimated {est:,.0f} vs published {row['tokens_per_sec']:,} ({err:+.1%})"
+@pytest.mark.parametrize("row", _params())
+def test_cross_validated_row_within_goal(row):
+    assert abs(row["error"]) <= row["goal"], (
+        f"{row['id']} {row['what']}: estimated {row['estimated']:,.4g} vs published {row['published']:,.4g}"
+        f" ({row['error']:+.1%}, goal ±{row['goal']:.0%})"
     )
 
 
-@pytest.mark.parametrize("row", _marked(REF["training"], OUTSIDE_MEM))
-def test_training_memory(row):
-    r = training(row["id"])
-    err = r["memory_gib"] / row["memory_gib"] - 1
-    assert abs(err) <= MEM_GOAL, (
-        f"{row['id']}: estimated {r['memory_gib']:.1f} vs {row['memory_gib']} GiB ({err:+.1%})"
-    )
-    assert r["fits"], "a run that was measured must be estimated to fit"
+def test_outside_list_names_real_rows():
+    keys = {(x["id"], x["what"]) for x in CV}
+    assert set(OUTSIDE) <= keys, set(OUTSIDE) - keys
 
 
-@pytest.mark.parametrize("name", list(REF["orderings"]))
+@pytest.mark.xfail(
+    strict=True, reason="median absolute cross-validated error is 8.1 % over all figures (goal 5 %)"
+)
+def test_cross_validated_median_error():
+    assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
+
+
+def test_nothing_is_fitted_so_cross_validation_equals_in_sample():
+    """FITTED is empty (every rate has a source): each source's held-out errors are the in-sample errors."""
+    assert validation.FITTED == {}
+    ins = {(x["id"], x["what"]): x["estimated"] for x in table(REF)}
+    assert {(x["id"], x["what"]): x["estimated"] for x in CV} == ins
+
+
+def test_cross_validation_never_sees_the_held_out_source(monkeypatch):
+    """With a constant to fit, each source's constants are chosen on the other sources' rows only, and the
+    held-out source's rows are then estimated with them."""
+    keep = {"titan_h200", "ours_cpu"}
+    ref = dict(REF, training=[r for r in REF["training"] if r["source"] in keep], inference=[])
+    asked: list[frozenset] = []
+    real_table = validation.table
+
+    def spy(r, eff=validation.DEFAULT, sources=None):
+        asked.append(frozenset(sources or ()))
+        return real_table(r, eff, sources)
+
+    monkeypatch.setattr(validation, "table", spy)
+    for held_out in keep:
+        asked.clear()
+        eff = validation.fit(ref, held_out, {"hbm": (0.5, 0.8)})
+        assert len(asked) == 2 and all(held_out not in s and s for s in asked), asked
+        assert eff.hbm in (0.5, 0.8)
+    rows = validation.cross_validated(ref, fitted={"hbm": (0.5, 0.8)})
+    assert {x["source"] for x in rows} == keep
+    assert all(x["fitted"]["hbm"] in (0.5, 0.8) for x in rows)
+
+
+def test_power_limit_slows_compute_only():
+    row = next(r for r in REF["training"] if r["id"] == "h100_8b_fsdp8_compile")
+    at_500 = training_estimate(REF, row)
+    ref_700 = dict(REF)
+    ref_700["parts"] = {
+        "h100_96gb_500w": {k: v for k, v in REF["parts"]["h100_96gb_500w"].items() if k != "power_limit_w"}
+    }
+    at_700 = training_estimate(ref_700, row)
+    assert at_700["tokens_per_sec_per_device"] > 1.15 * at_500["tokens_per_sec_per_device"]
+    assert at_700["memory_gib"] == at_500["memory_gib"]
+
+
+ORDERINGS_OUTSIDE: dict[str, str] = {}
+
+
+def test_composite_rms_norm_slows_eager_only():
+    """torch before 2.9 ran RMSNorm outside compile as separate kernels (--estimate.eager_rms_norm=composite)."""
+    eager = next(r for r in REF["training"] if r["id"] == "h100_8b_fsdp8_eager")
+    compiled = next(r for r in REF["training"] if r["id"] == "h100_8b_fsdp8_compile")
+    for row, slower in ((eager, True), (compiled, False)):
+        fused = dict(
+            row, estimate_args=[a for a in row.get("estimate_args", []) if "eager_rms_norm" not in a]
+        )
+        composite = dict(row, estimate_args=[*fused["estimate_args"], "--estimate.eager_rms_norm=composite"])
+        t_fused = training_estimate(REF, fused)["step_time_s"]
+        t_composite = training_estimate(REF, composite)["step_time_s"]
+        assert (t_composite > 1.02 * t_fused) if slower else (t_composite == t_fused), row["id"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.xfail(strict=True, reason=ORDERINGS_OUTSIDE[n])])
+        if n in ORDERINGS_OUTSIDE
+        else n
+        for n in REF["orderings"]
+    ],
+)
 def test_orderings(name):
     ids = REF["orderings"][name]
     published = [next(r for r in REF["training"] if r["id"] == i)["tokens_per_sec"] for i in ids]
     assert published == sorted(published, reverse=True)  # the data file lists them fastest first
-    est = [training(i)["tokens_per_sec_per_device"] for i in ids]
+    est = [next(x for x in CV if x["id"] == i and x["what"] == "tokens/s/device")["estimated"] for i in ids]
     assert est == sorted(est, reverse=True), dict(zip(ids, est))
 
 
-@pytest.mark.parametrize("row", REF["inference"], ids=[r["id"] for r in REF["inference"]])
-def test_inference_tokens_per_sec(row):
-    r = inference_estimate(REF, row)
-    err = r["tokens_per_sec"] / row["tokens_per_sec"] - 1
-    assert abs(err) <= DECODE_GOAL, (
-        f"{row['id']}: {r['tokens_per_sec']:.1f} vs {row['tokens_per_sec']} ({err:+.1%})"
-    )
+def test_every_measured_run_fits():
+    for row in REF["training"]:
+        if "memory_gib" in row:
+            assert training_estimate(REF, row)["fits"], row["id"]
 
 
-OUTSIDE_CPU_RSS = {
-    "cpu_debug_1proc": "CPU resident memory keeps what glibc does not return and CPU kernel scratch (oneDNN bf16"
-    " reorders, SDPA per-thread buffers): a bare training loop here holds ~0.48 GiB over its runtime, the model"
-    " counts ~0.26 GiB of tensors",
-    "cpu_debug_2proc": "same as the 1-process row: allocator retention and CPU kernel scratch are not modelled",
-}
-
-
-@pytest.mark.parametrize("row", REF["cpu"], ids=[r["id"] for r in REF["cpu"]])
-def test_cpu_step_time_against_measured_run(row):
-    """This machine: a real debug-model run and the estimate from a calibration taken on the same machine
-    (both stored, measured under `mlock exclusive`; nothing is timed here)."""
-    r = cpu_estimate(row)
-    err = r["step_time_s"] / row["step_time_s"] - 1
-    assert abs(err) <= TPS_GOAL, (
-        f"step {r['step_time_s']:.3f} s vs measured {row['step_time_s']} ({err:+.1%})"
-    )
-
-
-@pytest.mark.parametrize("row", _marked(REF["cpu"], OUTSIDE_CPU_RSS))
-def test_cpu_rss_against_measured_run(row):
-    r = cpu_estimate(row)
-    err = r["memory_gib"] / row["max_rss_gib"] - 1
-    assert abs(err) <= MEM_GOAL, (
-        f"RSS {r['memory_gib']:.3f} vs measured {row['max_rss_gib']} GiB ({err:+.1%})"
-    )
+def test_efficiency_fields_are_not_rates():
+    """Compute rates live in rates.py with their sources; Efficiency keeps bandwidth fractions and structure."""
+    names = {f.name for f in dataclasses.fields(validation.DEFAULT)}
+    assert not names & {"matmul_bf16", "matmul_fp8", "attention_fwd", "attention_bwd"}

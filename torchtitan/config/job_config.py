@@ -402,11 +402,20 @@ class Estimate:
         False,
         "what-if: tensor-parallel collectives overlapped as by torch's async TP (not applied by this trainer yet)",
     )
+    eager_rms_norm: Literal["fused", "composite"] = opt(
+        "fused",
+        "RMSNorm outside torch.compile on CUDA: fused (one kernel each way, torch >= 2.9) or composite (upcast,"
+        " square, mean, rsqrt, scale, downcast, weight as separate kernels: torch before 2.9, for runs on older"
+        " software); CPU is always composite",
+    )
     peak_tflops: float | None = opt(
         None, "override the device's dense BF16 peak TFLOPS (e.g. a power-capped part)"
     )
     fp8_peak_tflops: float | None = opt(
         None, "override the dense FP8 peak TFLOPS (None: 2x peak_tflops on FP8 parts)"
+    )
+    power_limit_w: float | None = opt(
+        None, "the parts' power limit in W when below their TDP (torchtitan's H100s: 500); slows compute"
     )
     memory_gib: float | None = opt(None, "override device memory in GiB (96 GB H100: 89.4)")
     hbm_bandwidth_gbps: float | None = opt(None, "override device memory bandwidth, GB/s")

@@ -1,9 +1,11 @@
-"""The estimator's default efficiencies: one set for every configuration, documented in docs/estimate.md.
+"""The estimator's structural constants and bandwidth fractions, documented in docs/estimate.md ("Rates").
 
-Each number is the fraction of a datasheet peak (torchtitan/metrics/hardware.py) that a kind of work sustains.
-They were set once, from the published runs in tests/estimate_reference.toml taken together, and are never
-changed per configuration. `--estimate.calibrate` replaces the compute and bandwidth ones by measurements on the
-devices present (torchtitan/estimate/calibrate.py); the structural constants (overlap, fragmentation) stay.
+Compute rates (GEMMs by shape and dtype, flash attention by sequence length, power limits) are published
+microbenchmarks in torchtitan/estimate/rates.py. What stays here are fractions of datasheet bandwidths and
+structural constants, each with its basis; none is chosen by fitting the reference rows of
+tests/estimate_reference.toml (validation.FITTED lists the constants that are, and it is empty).
+`--estimate.calibrate` replaces the compute and bandwidth rates by measurements on the devices present
+(torchtitan/estimate/calibrate.py); the structural constants (overlap, fragmentation) stay.
 """
 
 from __future__ import annotations
@@ -13,18 +15,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Efficiency:
-    # ---- compute (fractions of the dense peak of the matmul's dtype) ----
-    matmul_bf16: float = 0.55  # a large bf16 GEMM (all dims >= a few thousand): cuBLAS on Hopper, in training
-    # a large float8 GEMM, of the FP8 peak (torchao tensorwise/rowwise via _scaled_mm)
-    matmul_fp8: float = 0.50
-    # flash attention forward, of the BF16 peak, on the FLOPs it really does (causal)
-    attention_fwd: float = 0.33
-    attention_bwd: float = 0.25  # flash attention backward (5 matmuls, recomputes the scores), same basis
     # ---- memory-bound work (fractions of the HBM bandwidth) ----
-    hbm: float = 0.80  # elementwise kernels, casts, the loss, the optimizer
+    # elementwise kernels, casts, the loss, the optimizer: gpt-fast measures "about 1700 GB/s" of a 330 W A100's
+    # 2039 (0.83) in its memory-bound decode; streaming kernels of several inputs sustain a little less
+    hbm: float = 0.80
     # ---- communication (NCCL bus bandwidth as a fraction of the link's datasheet peak, one direction) ----
+    # NVLink: nccl-tests' all-gather bus bandwidth on 8 H100 SXM is 360 of NVLink 4's 450 GB/s per direction
+    # (NVIDIA/nccl-tests#212, #326); across nodes, one NIC's share of the ring: NVIDIA measures 192 GB/s of
+    # DGX A100's 8 x 25 GB/s (NVIDIA/nccl#812) and 48-49 of a 50 GB/s ConnectX-7 (NVIDIA/nccl-tests#267): 0.96.
+    # A ring across nodes is capped at the intra-node figure (collectives.busbw). docs/estimate.md, "Rates".
     intra_node: float = 0.80
-    inter_node: float = 0.80
+    inter_node: float = 0.96
     # TP collectives sit on the critical path (the next matmul needs the gathered input): exposed fraction
     tp_exposed: float = 1.0
     async_tp_exposed: float = 0.5  # torch's async TP micro-pipelines them with the matmuls; about half stays

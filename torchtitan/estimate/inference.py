@@ -20,6 +20,7 @@ from torchtitan.config.job_config import Estimate
 from torchtitan.errors import UserError
 from torchtitan.models.llama3 import ModelArgs
 
+from . import rates
 from .efficiency import DEFAULT, Efficiency
 from .plan import GIB, Hardware, model_linears, resolve_hardware
 
@@ -77,7 +78,8 @@ def estimate_inference(
     kv_cache = batch * ctx * L * 2 * kv_dim * KV_BYTES / tp
     flop_params = a.num_flop_params()
 
-    peak = hardware.bf16_tflops * 1e12 * eff.matmul_bf16
+    peak = hardware.bf16_tflops * 1e12 * rates.gemm_fraction(hardware.name, "bf16")
+    peak *= rates.power_factor(hardware.name, hardware.power_limit_w)
     bw_eff = {"bfloat16": eff.decode_hbm_bf16, "int8": eff.decode_hbm_int8, "int4": eff.decode_hbm_int4}[
         weight_dtype
     ]

@@ -38,6 +38,9 @@ class Hardware:
     devices_per_node: int
     is_cpu: bool = False
     source: str = "table"
+    power_limit_w: float | None = (
+        None  # run below the part's TDP (torchtitan/estimate/rates.py: power factor)
+    )
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,9 @@ def resolve_hardware(est, calibration: Calibration | None = None, require_rates:
             "memory_gib",
             "hbm_bandwidth_gbps",
             "intra_node_bandwidth_gbps",
+            "power_limit_w",
         )
-        if getattr(est, k) is not None
+        if getattr(est, k, None) is not None
     ]
     source = "measured" if is_cpu else "table"
     if overridden:
@@ -131,6 +135,7 @@ def resolve_hardware(est, calibration: Calibration | None = None, require_rates:
         devices_per_node=int(per_node),
         is_cpu=is_cpu,
         source=source,
+        power_limit_w=_pick(getattr(est, "power_limit_w", None), None, "power_limit_w"),
     )
 
 
@@ -265,7 +270,7 @@ class Plan:
             tp=t,
             sequence_parallel=self.sequence_parallel,
             act_bytes=self.act_bytes,
-            fused_norm=not self.hw.is_cpu,
+            fused_norm=not self.hw.is_cpu and self.cfg.estimate.eager_rms_norm == "fused",
         )
 
     @property

@@ -14,12 +14,14 @@ exposed communication, by dimension:
 pipeline_bubble  idle time of the schedule: (p-1)/m of the work for 1F1B/GPipe, (p-1)/(v*m) interleaved, a third
              of that for the zero-bubble schedules
 optimizer    AdamW + gradient clipping over this rank's fp32 shard: memory-bound
+straggler    the wait for the slowest of the job's GPUs: a share of the synchronised compute (stragglers.py)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import collectives, rates, stragglers
 from .activations import (
     block_modes,
     recomputed_matmuls,
@@ -59,23 +61,22 @@ class Pass:
 
 
 class Rates:
-    """Sustained rates on this hardware: table peaks x default efficiencies, or calibrated measurements."""
+    """Sustained rates on this hardware: published microbenchmarks by shape (rates.py), or calibrated measurements."""
 
     def __init__(self, plan: Plan):
         hw, eff, cal = plan.hw, plan.eff, plan.calibration
         self.cal = cal
-        self.bf16 = hw.bf16_tflops * 1e12 * eff.matmul_bf16
-        self.fp8 = (
-            (hw.fp8_tflops or hw.bf16_tflops) * 1e12 * (eff.matmul_fp8 if hw.fp8_tflops else eff.matmul_bf16)
-        )
-        self.attn_fwd = hw.bf16_tflops * 1e12 * eff.attention_fwd
-        self.attn_bwd = hw.bf16_tflops * 1e12 * eff.attention_bwd
+        self.hw = hw
+        self.recipe = plan.cfg.float8.recipe if plan.cfg.float8.enable else None
+        self.cpu_peak = None
+        self.power = 1.0 if hw.is_cpu else rates.power_factor(hw.name, hw.power_limit_w)
         self.hbm = hw.hbm_gbps * 1e9 * eff.hbm
         self.intra = hw.intra_node_gbps * 1e9 * eff.intra_node
         self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
+        self.attn_measured = None
         if cal is not None:
             if cal.attention_tflops:
-                self.attn_fwd = self.attn_bwd = cal.attention_tflops * 1e12
+                self.attn_measured = cal.attention_tflops * 1e12
             if cal.hbm_gbps:
                 self.hbm = cal.hbm_gbps * 1e9
             if cal.collective_gbps:
@@ -83,9 +84,18 @@ class Rates:
                 if hw.is_cpu:
                     self.inter = self.intra
             if cal.matmul_peak_tflops and hw.is_cpu:
-                self.bf16 = self.fp8 = cal.matmul_peak_tflops * 1e12
+                self.cpu_peak = cal.matmul_peak_tflops * 1e12
 
-    def gemm(self, m: float, n: float, k: float, fp8: bool, act_bytes: int) -> float:
+    def flops_rate(self, m: float, n: float, k: float, fp8: bool) -> float:
+        """FLOP/s a GEMM of this shape sustains in bf16 or float8 (tensorwise) on this device."""
+        if self.cpu_peak is not None:
+            return self.cpu_peak
+        hw = self.hw
+        if fp8 and hw.fp8_tflops:
+            return hw.fp8_tflops * 1e12 * rates.gemm_efficiency(hw.name, "fp8", m, n, k) * self.power
+        return hw.bf16_tflops * 1e12 * rates.gemm_efficiency(hw.name, "bf16", m, n, k) * self.power
+
+    def gemm(self, m: float, n: float, k: float, fp8: bool, act_bytes: int, backward: bool = False) -> float:
         """Seconds of one [m,k] x [k,n] GEMM: measured if calibrated for this shape, else the roofline."""
         if self.cal is not None and not fp8:
             measured = self.cal.matmul_tflops.get((int(m), int(n), int(k)))
@@ -94,7 +104,22 @@ class Rates:
         flops = 2 * m * n * k
         in_b = 1 if fp8 else act_bytes
         moved = (m * k + k * n) * in_b + m * n * act_bytes
-        return max(flops / (self.fp8 if fp8 else self.bf16), moved / self.hbm)
+        rate = self.flops_rate(m, n, k, fp8)
+        extra = 0.0
+        if fp8 and self.recipe == "rowwise":
+            if backward:  # cuBLAS with unit scales, then a separate rescale pass over the output
+                extra = m * n * rates.ROWWISE_RESCALE_BYTES / self.hbm
+            else:  # torch's CUTLASS rowwise kernel
+                rate *= rates.ROWWISE_FWD_RATE
+        return max(flops / rate, moved / self.hbm) + extra
+
+    def attention(self, seq: float, backward: bool) -> float:
+        """FLOP/s of flash attention (causal) at this per-rank sequence length."""
+        if self.attn_measured is not None:
+            return self.attn_measured
+        if self.cpu_peak is not None:
+            return self.cpu_peak
+        return self.hw.bf16_tflops * 1e12 * rates.attention_fraction(self.hw.name, seq, backward) * self.power
 
 
 def _local(lin: Linear, tp: int) -> tuple[int, int]:
@@ -110,17 +135,20 @@ def _linear_time(r: Rates, lin: Linear, tokens: float, tp: int, b: int) -> tuple
     """(forward, backward) seconds of one linear over `tokens` rows: y = x W^T, dx = dy W, dW = dy^T x."""
     k, n = _local(lin, tp)
     fwd = r.gemm(tokens, n, k, lin.float8, b)
-    bwd = r.gemm(tokens, k, n, lin.float8, b) + r.gemm(n, k, tokens, lin.float8, b)
+    bwd = r.gemm(tokens, k, n, lin.float8, b, backward=True) + r.gemm(
+        n, k, tokens, lin.float8, b, backward=True
+    )
     return fwd, bwd
 
 
 def elementwise_bytes(plan: Plan) -> tuple[float, float]:
     """(forward, backward) bytes of a block's memory-bound elementwise work per token (docs/estimate.md).
 
-    Eager: fused RMSNorm (torch.rms_norm on CUDA), RoPE in fp32 as the model writes it (upcast, four products,
-    difference and sum, stack, downcast: 44 + 2b bytes per element of q and k), the copy of the attention output
-    into wo's layout, SiLU and the gate product, two residual adds. Compiled: norms fused with the residual adds,
-    RoPE in one kernel, SiLU x gate in one kernel.
+    Eager: RMSNorm fused (torch >= 2.9 on CUDA: one kernel, pytorch/pytorch#153666) or composite (older torch,
+    and CPU), RoPE as the model's eager path writes it (upcast to fp32, one complex multiply, downcast: b + 4,
+    4 + 4 and 4 + b bytes per element of q and k, the same backward), the copy of the attention output into wo's
+    layout, SiLU and the gate product, two residual adds. Compiled: norms fused with the residual adds, RoPE in
+    one kernel, SiLU x gate in one kernel.
     """
     s, b = plan.shape, plan.act_bytes
     qk = s.h + s.kv
@@ -128,10 +156,10 @@ def elementwise_bytes(plan: Plan) -> tuple[float, float]:
         fwd = 8 * b * s.d_s + 2 * b * qk + 2 * b * s.h + 3 * b * s.f
         bwd = 10 * b * s.d_s + 2 * b * qk + 2 * b * s.h + 5 * b * s.f
     else:
-        rope = 44 + 2 * b
+        rope = 16 + 2 * b
         # fused RMSNorm reads and writes each element once (backward: reads grad and input, writes grad); the
-        # composite one (CPU) upcasts (b+4), squares (8), averages (4), scales (8), downcasts (4+b) and applies
-        # the weight (2b): 28 + 4b, and about twice that backward
+        # composite one (CPU, torch < 2.9) upcasts (b+4), squares (8), averages (4), scales (8), downcasts (4+b)
+        # and applies the weight (2b): 28 + 4b, and about twice that backward
         norm_f = 2 * b if s.fused_norm else 28 + 4 * b
         norm_b = 3 * b if s.fused_norm else 2 * (28 + 4 * b)
         fwd = (2 * norm_f + 6 * b) * s.d_s + rope * qk + 2 * b * s.h + 5 * b * s.f
@@ -170,8 +198,9 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
                 p.recompute += t_f
     # flash attention: queries of this rank x (seq_len / 2) keys on average (causal, load-balanced under CP)
     attn_fwd_flops = 4 * tokens * (plan.seq_len / 2) * s.h
-    t_af = attn_fwd_flops / r.attn_fwd
-    t_ab = 2.5 * attn_fwd_flops / r.attn_bwd  # 5 matmuls backward vs 2 forward (scores recomputed)
+    seq = plan.seq_len / plan.cp  # each ring step attends one rank's block of queries to one block of keys
+    t_af = attn_fwd_flops / r.attention(seq, backward=False)
+    t_ab = 2.5 * attn_fwd_flops / r.attention(seq, backward=True)  # 5 matmuls backward vs 2 forward
     p.attention = t_af + t_ab
     p.fwd += t_af
     if recomputes_attention(mode):
@@ -215,9 +244,9 @@ def embedding_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
 # ------------------------------------------------------------------------------------------- communication
 
 
-def _link(plan: Plan, r: Rates, span: int) -> float:
-    """Bytes/s per rank of a collective whose ranks span `span` consecutive global ranks."""
-    return r.intra if span <= plan.hw.devices_per_node else r.inter
+def _ring(plan: Plan, r: Rates, nbytes: float, n: int, stride: int, kind: str = "all_gather") -> float:
+    """Seconds of one ring collective (collectives.py: NCCL's latency model + bus bandwidth by topology)."""
+    return collectives.ring_time(plan, r.intra, r.inter, nbytes, n, stride, kind)
 
 
 def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]]) -> float:
@@ -230,19 +259,20 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
     if n == 1 and d.dp_replicate == 1:
         return 0.0
     span = d.dp_shard * d.cp * d.tp
-    bw = _link(plan, r, span)
     gb = gather_bytes(plan, fp8_param_share(plan))
     n_blocks, has_emb, has_head = plan.rank_layers()[rank]
     kinds = (["emb"] if has_emb else []) + ["block"] * n_blocks + (["head"] if has_head else [])
     size = {"emb": plan.embedding_params(), "block": plan.block_params(), "head": plan.head_params()}
-    frac = (n - 1) / n
-    ag = [size[k] * (gb if k == "block" else plan.act_bytes) * frac / bw for k in kinds]
-    rs = [size[k] * plan.reduce_bytes * frac / bw for k in kinds]
+    # the FSDP group: dp_shard x cp ranks, tp global ranks apart
+    ag = [_ring(plan, r, size[k] * (gb if k == "block" else plan.act_bytes), n, d.tp) for k in kinds]
+    rs = [_ring(plan, r, size[k] * plan.reduce_bytes, n, d.tp, "reduce_scatter") for k in kinds]
     if d.dp_replicate > 1:
-        # HSDP: the shard's gradients are all-reduced across replicas after the reduce-scatter
-        rep_bw = _link(plan, r, d.dp_replicate * span)
-        rep = 2 * (d.dp_replicate - 1) / d.dp_replicate * plan.reduce_bytes / n / rep_bw
-        rs = [x + size[k] * rep for x, k in zip(rs, kinds)]
+        # HSDP: the shard's gradients are all-reduced across replicas (span global ranks apart) after the
+        # reduce-scatter
+        rs = [
+            x + _ring(plan, r, size[k] * plan.reduce_bytes / n, d.dp_replicate, span, "all_reduce")
+            for x, k in zip(rs, kinds)
+        ]
     regather = plan.pp_plan is None and plan.cfg.parallelism.fsdp_reshard_after_forward != "never"
     ag_bwd = [a if (regather and k != "head") else 0.0 for a, k in zip(ag, kinds)]
     if plan.hw.is_cpu:  # gloo runs on the same cores as the compute: nothing overlaps
@@ -255,7 +285,41 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
     for j, u in enumerate(order):
         link = (ag_bwd[order[j + 1]] if j + 1 < len(order) else 0.0) + (rs[order[j - 1]] if j > 0 else 0.0)
         exposed += max(0.0, link - bwd[u])
-    return exposed + rs[order[-1]]
+    exposed += rs[order[-1]]
+    # the hidden part still holds NCCL's channels' SMs, slowing the compute it overlaps (collectives.py)
+    hidden = max(0.0, sum(ag) + sum(ag_bwd) + sum(rs) - exposed)
+    ring = collectives.busbw(plan, r.intra, r.inter, n, d.tp)
+    ppn, _ = collectives.group_layout(plan, n, d.tp)
+    full = ppn >= plan.hw.devices_per_node
+    return exposed + collectives.overlap_sm_share(plan, ring, r.intra, full) * hidden
+
+
+def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
+    """Seconds of FSDP2's own memory-bound copies in one gather-and-reduce round of a rank's units.
+
+    torch's fully_shard (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) gathers into one flat buffer and
+    copies it out into the unsharded parameters (split_with_sizes_copy, on the compute stream, before the unit can
+    run): every gathered byte read and written again, once forward and once more for the backward re-gather. For
+    the reduce-scatter it copies the unsharded gradients into the flat send buffer in the reduce dtype (gradient
+    bytes read, reduce-dtype bytes written); recent torch does this on the compute stream before handing the
+    buffer to the reduce-scatter stream (older versions on the reduce-scatter stream, where it still shares the
+    HBM and SMs with the compute). Counted as serial memory-bound work; the sharded side (1/n) is neglected.
+    """
+    d = plan.dims
+    if (plan.fsdp_degree == 1 and d.dp_replicate == 1) or plan.hw.is_cpu:
+        return 0.0
+    gb = gather_bytes(plan, fp8_param_share(plan))
+    n_blocks, has_emb, has_head = plan.rank_layers()[rank]
+    regather = plan.pp_plan is None and plan.cfg.parallelism.fsdp_reshard_after_forward != "never"
+    b = plan.act_bytes
+    gathers = 2 if regather else 1
+    blocks = n_blocks * plan.block_params()
+    emb = plan.embedding_params() if has_emb else 0
+    head = plan.head_params() if has_head else 0  # stays gathered for backward: one copy-out
+    # a shard group of one (replication only) has nothing to gather
+    copy_out = 2 * (blocks * gb * gathers + emb * b * gathers + head * b) if plan.fsdp_degree > 1 else 0.0
+    copy_in = (blocks + emb + head) * (b + plan.reduce_bytes)
+    return (copy_out + copy_in) / r.hbm
 
 
 def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
@@ -263,17 +327,17 @@ def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool
     t = plan.tp
     if t == 1:
         return 0.0
-    bw = _link(plan, r, t)
-    vol = tokens * plan.args.dim * plan.act_bytes * (t - 1) / t
-    per_coll = vol / bw
+    full = (
+        tokens * plan.args.dim * plan.act_bytes
+    )  # one gathered activation (sequence-parallel) or reduced one
+    edge = (2 if has_emb else 0) + (2 if has_head else 0)
     if plan.sequence_parallel:
         # forward 2 all-gathers + 2 reduce-scatters, backward the same, plus what recompute repeats
-        n = sum(4 + 4 + tp_collectives_recomputed(m) for m in modes)
-    else:
-        # 2 all-reduces forward, 2 backward (2 more for full recompute); an all-reduce moves 2x the bytes
-        n = sum(2 * (2 + 2 + (2 if m == "full" else 0)) for m in modes)
-    n += (2 if has_emb else 0) + (2 if has_head else 0)
-    return n * per_coll
+        n = sum(4 + 4 + tp_collectives_recomputed(m) for m in modes) + edge
+        return n * _ring(plan, r, full, t, 1)
+    # 2 all-reduces forward, 2 backward (2 more for full recompute)
+    n = sum(2 + 2 + (2 if m == "full" else 0) for m in modes) + edge // 2
+    return n * _ring(plan, r, full, t, 1, "all_reduce")
 
 
 def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: float) -> float:
@@ -282,13 +346,13 @@ def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: 
     if c == 1:
         return 0.0
     d = plan.dims
-    bw = _link(plan, r, c * d.tp)
-    kv_bytes = tokens * 2 * plan.shape.kv * plan.act_bytes * (c - 1)  # the other ranks' K and V
+    kv_bytes = tokens * 2 * plan.shape.kv * plan.act_bytes * c  # K and V of the whole sequence
+    per_coll = _ring(plan, r, kv_bytes, c, d.tp)
     total = 0.0
     for m in modes:
         # forward all-gather; backward gather + reduce-scatter of dK/dV; recompute gathers again
         n = 1 + 2 + (1 if recomputes_attention(m) else 0)
-        total += n * kv_bytes / bw
+        total += n * per_coll
     if plan.cfg.parallelism.context_parallel_rotate_method == "alltoall":
         return max(0.0, total - attention_s)  # ring passes overlap the per-step attention
     return total
@@ -361,18 +425,24 @@ def training_step_time(plan: Plan) -> dict:
     m = plan.n_microbatches
     passes = m * plan.accum  # forward+backward passes per optimizer step on each stage chunk
     # the rank with the most work sets the pace
-    busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) for x in per_rank]
+    steps = plan.accum  # FSDP gathers and reduces once per micro-step (PP: once per schedule step)
+    # FSDP2's copies, spread over the passes they serve (under PP they also sit in the schedule's fill and drain)
+    copies = [fsdp_copies(plan, r, i) * steps / passes for i in range(len(per_rank))]
+    busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) + c for x, c in zip(per_rank, copies)]
     worst = max(range(len(per_rank)), key=lambda i: busy[i])
     w = per_rank[worst]
-    steps = plan.accum  # FSDP gathers and reduces once per micro-step (PP: once per schedule step)
-    bubble = pipeline_ratio(plan) * busy[worst] * passes
+    # every rank waits for the slowest GPU at each collective: its compute sets the pace (stragglers.py)
+    straggler = stragglers.straggler_share(plan) * (w["compute"] + copies[worst] + w["recompute"]) * passes
+    # the bubble is idle time of a schedule whose stages run at that pace
+    bubble = pipeline_ratio(plan) * (busy[worst] * passes + straggler)
     pp_comm = 0.0
     if plan.pp_plan is not None:
         d = plan.dims
         v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
-        bw = _link(plan, r, d.pp * d.dp_replicate * d.dp_shard * d.cp * d.tp)
+        stage_stride = d.dp_replicate * d.dp_shard * d.cp * d.tp  # global ranks between neighbouring stages
         act = tokens * plan.shape.d_s * plan.act_bytes
-        pp_comm = 2 * v * m * plan.accum * act / bw
+        send = collectives.p2p_time(plan, r.intra, r.inter, act, stage_stride)
+        pp_comm = 2 * v * m * plan.accum * send
     # optimizer over the largest shard
     p_local = (
         max(
@@ -387,7 +457,7 @@ def training_step_time(plan: Plan) -> dict:
     )
     opt = optimizer_time(plan, r, p_local)
     breakdown = {
-        "compute": w["compute"] * passes,
+        "compute": (w["compute"] + copies[worst]) * passes,
         "recompute": w["recompute"] * passes,
         "fsdp_comm_exposed": w["fsdp"] * steps,
         "tp_comm_exposed": w["tp"] * passes,
@@ -395,8 +465,12 @@ def training_step_time(plan: Plan) -> dict:
         "pp_comm_exposed": pp_comm,
         "pipeline_bubble": bubble,
         "optimizer": opt,
+        "straggler": straggler,
     }
     detail = {k: v * passes for k, v in w["detail"].items()}
+    detail["elementwise"] += (
+        copies[worst] * passes
+    )  # FSDP2's copy-out / copy-in: memory-bound elementwise work
     return {
         "step_time_s": sum(breakdown.values()),
         "step_time_breakdown_s": breakdown,

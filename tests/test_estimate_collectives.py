@@ -1,0 +1,85 @@
+"""NCCL collective times by size, rank count and topology (torchtitan/estimate/collectives.py; sources there)."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchtitan.config import parse_args
+from torchtitan.estimate import collectives
+from torchtitan.estimate.plan import build_plan
+
+
+def _plan(hardware: str, devices: int):
+    cfg = parse_args(
+        [
+            "--model.flavor=debugmodel",
+            f"--estimate.hardware={hardware}",
+            f"--estimate.num_devices={devices}",
+        ]
+    )
+    return build_plan(cfg)
+
+
+H100 = _plan("h100-sxm", 64)
+A100 = _plan("a100", 64)
+NVL = 450e9 * 0.80  # NVLink 4 per direction x the nccl-tests ring fraction
+NIC = 50e9 * 0.96
+
+
+def test_group_layout_follows_the_stride():
+    assert collectives.group_layout(H100, 8, 1) == (8, 1)  # one node
+    assert collectives.group_layout(H100, 64, 1) == (8, 8)  # FSDP over 8 nodes
+    assert collectives.group_layout(H100, 8, 8) == (1, 8)  # FSDP across nodes with TP 8 inside each node
+    assert collectives.group_layout(H100, 16, 4) == (2, 8)
+
+
+def test_busbw_inside_a_node_is_nvlink_and_across_nodes_the_nics_of_the_group():
+    assert collectives.busbw(H100, NVL, NIC, 8, 1) == NVL
+    # every GPU of the node in the ring: 8 NICs side by side (384 GB/s), capped by the NVLink ring (360)
+    assert collectives.busbw(H100, NVL, NIC, 64, 1) == pytest.approx(min(NVL, 8 * NIC))
+    # one GPU per node (TP 8 holds the node): one NIC
+    assert collectives.busbw(H100, NVL, NIC, 8, 8) == NIC
+    assert collectives.busbw(H100, NVL, NIC, 16, 4) == pytest.approx(2 * NIC)
+    # DGX A100 (8 x 200 Gb/s): NVIDIA measures 192 GB/s of ring bus bandwidth across nodes (NVIDIA/nccl#812)
+    a = A100.hw
+    bw = collectives.busbw(A100, a.intra_node_gbps * 1e9 * 0.80, a.inter_node_gbps * 1e9 * 0.96, 64, 1)
+    assert bw == pytest.approx(192e9)
+
+
+def test_ring_latency_counts_nvlink_and_network_steps():
+    # 8 ranks in a node: base + 7 NVLink hops
+    assert collectives.ring_latency(H100, 8, 1) == pytest.approx(8.4e-6 + 7 * 3.4e-6)
+    # 64 ranks on 8 nodes: 56 NVLink steps and 7 network steps (14.0 us each, NCCL 2.21.5); all-reduce twice
+    one = 8.4e-6 + 56 * 3.4e-6 + 7 * 14.0e-6
+    assert collectives.ring_latency(H100, 64, 1) == pytest.approx(one)
+    assert collectives.ring_latency(H100, 64, 1, 2) == pytest.approx(8.4e-6 + 2 * (one - 8.4e-6))
+
+
+def test_ring_time_is_latency_bound_small_and_bandwidth_bound_large():
+    small = collectives.ring_time(H100, NVL, NIC, 1e3, 64, 1, "all_gather")
+    assert small == pytest.approx(collectives.ring_latency(H100, 64, 1), rel=1e-3)
+    big = 1e9
+    t = collectives.ring_time(H100, NVL, NIC, big, 64, 1, "all_gather")
+    assert t == pytest.approx(collectives.ring_latency(H100, 64, 1) + big * 63 / 64 / NVL)
+    ar = collectives.ring_time(H100, NVL, NIC, big, 64, 1, "all_reduce")
+    assert ar == pytest.approx(collectives.ring_latency(H100, 64, 1, 2) + 2 * big * 63 / 64 / NVL)
+    assert collectives.ring_time(H100, NVL, NIC, big, 1, 1, "all_gather") == 0.0
+
+
+def test_p2p_uses_one_link():
+    assert collectives.p2p_time(H100, NVL, NIC, 1e9, 1) == pytest.approx(8.4e-6 + 3.4e-6 + 1e9 / NVL)
+    assert collectives.p2p_time(H100, NVL, NIC, 1e9, 64) == pytest.approx(8.4e-6 + 14.0e-6 + 1e9 / NIC)
+
+
+def test_overlapped_ring_takes_its_channels_sms():
+    # NVLink-speed ring: all of NCCL's channels (H100: 16 of 132 SMs; A100: 24 of 108)
+    assert collectives.overlap_sm_share(H100, NVL, NVL) == pytest.approx(16 / 132)
+    a100_intra = A100.hw.intra_node_gbps * 1e9 * 0.80
+    assert collectives.overlap_sm_share(A100, a100_intra, a100_intra) == pytest.approx(24 / 108)
+    # one NIC per node: the channels of one NIC's bandwidth only
+    assert collectives.overlap_sm_share(H100, NIC, NVL) == pytest.approx(16 * NIC / NVL / 132)
+    # a ring over whole nodes (every GPU and its NIC) keeps the node's channels, whatever its bus bandwidth
+    assert collectives.overlap_sm_share(A100, 192e9, a100_intra, full_nodes=True) == pytest.approx(24 / 108)
+    assert collectives.overlap_sm_share(A100, 192e9, a100_intra) == pytest.approx(
+        24 * 192e9 / a100_intra / 108
+    )

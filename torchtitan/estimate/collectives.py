@@ -1,0 +1,112 @@
+"""Time of one NCCL collective by message size, rank count and topology (docs/estimate.md, "Collectives").
+
+NCCL runs all-gather, reduce-scatter and (without NVLink SHARP) all-reduce as rings, so a collective over n ranks
+spread over `nodes` nodes takes
+
+    t = alpha + bytes * (n - 1) / n / busbw            (all-reduce: twice the steps and twice the bytes)
+
+alpha  NCCL's own latency model for the ring with the Simple protocol (the one used for large messages):
+       a base latency plus one hop latency per ring step, NVLink (or PCIe) for the steps inside a node and network
+       for the (nodes - 1) steps between nodes. Figures: NVIDIA/nccl src/graph/tuning.cc as shipped in NCCL
+       2.21.5 (the version in torch 2.5/2.6 CUDA wheels; the `baseLat` / `hwLat` tables, unchanged in these
+       entries since 2.18.1): ring Simple base 8.4 us; per step NVLink 3.4 us, PCIe 5.7 us, network 14.0 us
+       (the 2020 tables, commit 01afd20, had 9.6 us for the network step).
+busbw  the bus bandwidth nccl-tests reports for large messages.
+       inside a node: a fraction of the per-direction link rate, Efficiency.intra_node (0.80). NVIDIA's NCCL
+         maintainers: on 8 H100 SXM "450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an
+         effective NVLink bandwidth of 370GB/s ... BusBw when running non-allreduce operations"
+         (NVIDIA/nccl-tests#212, 2024-05) and "360 GB/s is exactly what we'd expect on H100" for all_gather_perf
+         (NVIDIA/nccl-tests#326, 2025-06): 360/450 = 0.80. A100: NCCL's tuning model caps the ring's busbw of
+         compute capability 8.0 at 235 GB/s (tuning.cc above), 0.78 of NVLink 3's 300.
+       across nodes: NCCL builds one ring per NIC (rail-optimised servers: one NIC per GPU), so every ring crosses
+         each node boundary once and the node's NICs carry the rings side by side: busbw = (ranks of the group on
+         one node) x (one NIC's rate x Efficiency.inter_node), never above the intra-node figure. NVIDIA measures
+         "192GB/s AllReduce BusBW" on DGX A100 with 8x200 Gb/s InfiniBand (NVIDIA/nccl#812, 2023-03), 0.96 of
+         8 x 25 GB/s; ConnectX-7 NICs at NDR "should achieve up to 48-49GB/s per NIC" (NVIDIA/nccl-tests#267,
+         2024-11), 0.97 of 50: Efficiency.inter_node = 0.96.
+A point-to-point send (pipeline stages) uses one link: NVLink inside a node, the sending GPU's NIC across nodes.
+Overlap is not free: each NCCL channel is one resident thread block, and with NCCL's shared-memory buffers it keeps
+a GEMM tile off its SM, so compute overlapped with a collective runs on (SMs - channels) of the SMs. Channels as
+NCCL's logs show them for rings at full NVLink speed: 24 on an HGX A100 node (NVIDIA/nccl-tests#100: "Channel
+23/24"), 16 on H100 nodes (NVIDIA/nccl#1453: "Channel 05/16"); 16 elsewhere (an assumption). A ring across nodes
+whose group holds every GPU of each node (one NIC per GPU) keeps the node's channels: NCCL 2.21.5's ring search
+and channel duplication (src/graph/search.cc, connect.cc) give a multi-node 8-NIC H100 job the same 16 channels
+as one node (A100's 24 by the same rule: an extrapolation). A ring with fewer of the group's ranks per node
+than GPUs (e.g. FSDP across nodes under TP 8) runs on fewer NICs; NCCL sizes its channels to its bandwidth
+(busBw = nChannels x per-channel speed, tuning.cc), so it holds the ring's share of the intra-node bus
+bandwidth's channels.
+On CPU (gloo, calibrated rates) there is no latency term: the calibration measured the whole collective.
+Not modelled: NCCL's tree all-reduce (chosen for small messages over many nodes: log2(nodes) network steps instead
+of nodes - 1; the ring is an upper bound there) and NVLink SHARP / IB SHARP all-reduce.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import rates
+from .plan import Plan
+
+RING_BASE_LAT_S = 8.4e-6
+HOP_LAT_S = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 14.0e-6}  # NCCL 2.21.5 tuning.cc
+NVLINK_MIN_GBPS = 100.0  # an intra-node link this fast per direction is NVLink / Infinity Fabric, not PCIe
+NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24}
+NCCL_CHANNELS_DEFAULT = 16
+
+
+def overlap_sm_share(plan: Plan, ring_busbw: float, intra: float, full_nodes: bool = False) -> float:
+    """Share of the SMs a ring running at `ring_busbw` takes from the compute it overlaps (0 on CPU).
+    `full_nodes`: the ring's group holds every GPU of each node it spans (NCCL keeps the node's channels)."""
+    if plan.hw.is_cpu:
+        return 0.0
+    try:
+        sms = rates.gemm_source(plan.hw.name)[0].sms
+    except KeyError:
+        return 0.0
+    share = 1.0 if full_nodes else min(1.0, ring_busbw / intra)
+    channels = NCCL_CHANNELS.get(plan.hw.name, NCCL_CHANNELS_DEFAULT) * share
+    return min(1.0, channels / sms)
+
+
+def group_layout(plan: Plan, n: int, stride: int) -> tuple[int, int]:
+    """(ranks per node, nodes) of a group of n ranks whose members are `stride` global ranks apart."""
+    per_node = plan.hw.devices_per_node
+    ppn = max(1, min(n, per_node // max(1, stride)))
+    return ppn, math.ceil(n / ppn)
+
+
+def busbw(plan: Plan, intra: float, inter: float, n: int, stride: int) -> float:
+    """Bytes/s of bus bandwidth of a ring over this group."""
+    ppn, nodes = group_layout(plan, n, stride)
+    if nodes == 1:
+        return intra
+    return min(intra, ppn * inter) if ppn > 1 else inter
+
+
+def ring_latency(plan: Plan, n: int, stride: int, steps_per_rank: int = 1) -> float:
+    """Seconds of NCCL's ring latency for a collective of `steps_per_rank` x (n - 1) steps."""
+    if plan.hw.is_cpu or n <= 1:
+        return 0.0
+    _, nodes = group_layout(plan, n, stride)
+    hop = HOP_LAT_S["nvlink"] if plan.hw.intra_node_gbps >= NVLINK_MIN_GBPS else HOP_LAT_S["pci"]
+    inter_steps = nodes - 1
+    return RING_BASE_LAT_S + steps_per_rank * ((n - 1 - inter_steps) * hop + inter_steps * HOP_LAT_S["net"])
+
+
+def ring_time(plan: Plan, intra: float, inter: float, nbytes: float, n: int, stride: int, kind: str) -> float:
+    """Seconds of an all-gather / reduce-scatter (`nbytes`: the full gathered or reduced buffer of one rank) or
+    all-reduce (`nbytes`: the buffer) over n ranks `stride` global ranks apart."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    factor = 2 if kind == "all_reduce" else 1
+    bw = busbw(plan, intra, inter, n, stride)
+    return ring_latency(plan, n, stride, factor) + factor * nbytes * (n - 1) / n / bw
+
+
+def p2p_time(plan: Plan, intra: float, inter: float, nbytes: float, distance: int) -> float:
+    """Seconds of one send of `nbytes` to the rank `distance` global ranks away."""
+    if nbytes <= 0:
+        return 0.0
+    same_node = distance < plan.hw.devices_per_node
+    lat = 0.0 if plan.hw.is_cpu else RING_BASE_LAT_S + HOP_LAT_S["nvlink" if same_node else "net"]
+    return lat + nbytes / (intra if same_node else inter)

@@ -1,0 +1,183 @@
+"""Sustained rates of a device by kind of work and shape, from published measurements (docs/estimate.md, "Rates").
+
+Nothing here is chosen by fitting the training-throughput rows of tests/estimate_reference.toml: every number is a
+published microbenchmark or vendor figure (cited beside it) or follows from one by a stated physical rule.
+
+  GEMM      Maximum Achievable Matmul FLOPS (MAMF) of the device and dtype at its best shape, times a shape factor
+            (wave quantization of the output tiles over the SMs, and the pipeline prologue/epilogue of a tile's K
+            loop) relative to the best shape, times a power factor for parts run below their TDP.
+  float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure). rowwise: the CUTLASS rowwise
+            kernel in the forward, and in the backward cuBLAS with unit scales plus a separate rescale pass of
+            the output (torchao does this because the CUTLASS kernel without fast accumulation is slow).
+  attention FlashAttention-2 (torch SDPA's flash backend) forward and backward TFLOPS by sequence length, head
+            dim 128, from the FlashAttention-3 paper's H100 figures; the same power factor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------------------------- GEMM
+# MAMF: stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
+# (commit 744d01e, 2026-08): the best of a brute-force shape search of torch.matmul, mean of 100 iterations.
+#   BF16: A100 SXM 271.2 (best 1024x10240x5120), H100 SXM 794.5 (2048x2048x13312, "H200 is the same"),
+#         B200 SXM 1745.0 (1792x16128x3072), MI300X 668.4 (10240x15360x8192, tunableop).
+#   FP8 (float8_e4m3fn, torch._scaled_mm tensorwise): H100 SXM 1402.6 (1024x9216x14336), H200 SXM 1453.4
+#         (1280x4096x12032), B200 SXM 3432.5 (15360x4096x3072).
+
+
+@dataclass(frozen=True)
+class GemmSource:
+    bf16_tflops: float  # MAMF, dense bf16
+    fp8_tflops: (
+        float | None
+    )  # MAMF, float8 tensorwise; None: not published (bf16 fraction of the FP8 peak used)
+    best_shape: tuple[int, int, int]  # (M, N, K) where the bf16 MAMF was measured
+    table_peak: float  # the datasheet bf16 peak the MAMF is a fraction of
+    table_fp8_peak: float | None
+    sms: int  # streaming multiprocessors (CUs on AMD): the tiles' wave size
+    tdp_w: float  # the power limit the MAMF was measured at (the part's TDP)
+
+
+GEMM_SOURCES: dict[str, GemmSource] = {
+    "A100": GemmSource(271.2, None, (1024, 10240, 5120), 312.0, None, 108, 400.0),
+    "H100 SXM": GemmSource(794.5, 1402.6, (2048, 2048, 13312), 989.0, 1978.0, 132, 700.0),
+    "H200": GemmSource(794.5, 1453.4, (2048, 2048, 13312), 989.0, 1978.0, 132, 700.0),
+    "B200": GemmSource(1745.0, 3432.5, (1792, 16128, 3072), 2250.0, 4500.0, 148, 1000.0),
+    "MI300X": GemmSource(668.4, None, (10240, 15360, 8192), 1307.0, 2615.0, 304, 750.0),
+}
+# Parts without a published MAMF take the fraction of their architecture's measured part (an assumption, listed in
+# docs/estimate.md): Hopper PCIe/NVL parts that of the H100 SXM (114 SMs for PCIe), the 40 GB A100 the A100's,
+# L40S (Ada, 142 SMs) the H100 SXM's fraction.
+SAME_ARCH = {
+    "H100 NVL": ("H100 SXM", 132, 400.0),
+    "H100 PCIe": ("H100 SXM", 114, 350.0),
+    "H200 NVL": ("H200", 132, 600.0),
+    "A100 40GB": ("A100", 108, 400.0),
+    "L40S": ("H100 SXM", 142, 350.0),
+}
+
+# Power limit below TDP. Measured on H100 at 500 W: FBGEMM PR #2546 (pytorch/FBGEMM, 2024-04, "H100 500W"), bf16
+# torch.mm 585.23 TFLOPS at 8192x8192x8192 (575.12 at 65536x8192x7168). At the TDP (700 W) the MAMF search gives
+# 794.5 at its best shape. Throughput of a power-bound GEMM scales as (limit / TDP) ** POWER_EXPONENT, the exponent
+# solved from these two points (with the shape factor between the two shapes): see power_exponent() below.
+H100_500W_BF16_8192 = 585.23
+
+
+def _tile_utilization(m: float, n: float, sms: int) -> float:
+    """Fraction of the SMs busy over a GEMM's waves of output tiles (the last wave is partly empty), for the best of
+    the tile shapes cuBLAS picks between on large problems (128x256, 256x128, 128x128)."""
+    best = 0.0
+    for tm, tn in ((128, 256), (256, 128), (128, 128)):
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        waves = tiles / sms
+        best = max(best, waves / math.ceil(waves))
+    return best
+
+
+# Each output tile runs its K loop through a software pipeline whose fill and drain cost about one 128-deep k-block
+# (CUTLASS Hopper mainloops: 64-deep k-tiles, 2+ stages): efficiency k / (k + K_FILL).
+K_FILL = 128.0
+
+
+def shape_factor(m: float, n: float, k: float, sms: int) -> float:
+    return _tile_utilization(m, n, sms) * k / (k + K_FILL)
+
+
+def power_exponent() -> float:
+    src = GEMM_SOURCES["H100 SXM"]
+    at_tdp_8192 = (
+        src.bf16_tflops * shape_factor(8192, 8192, 8192, src.sms) / shape_factor(*src.best_shape, src.sms)
+    )
+    return math.log(H100_500W_BF16_8192 / at_tdp_8192) / math.log(500.0 / src.tdp_w)
+
+
+POWER_EXPONENT = power_exponent()
+
+
+def gemm_source(device: str) -> tuple[GemmSource, str]:
+    """The GEMM source of a hardware-table device name and a note of what it was derived from."""
+    if device in GEMM_SOURCES:
+        return GEMM_SOURCES[device], "MAMF of this device"
+    if device in SAME_ARCH:
+        base, sms, tdp = SAME_ARCH[device]
+        b = GEMM_SOURCES[base]
+        return GemmSource(
+            b.bf16_tflops, b.fp8_tflops, b.best_shape, b.table_peak, b.table_fp8_peak, sms, tdp
+        ), (f"MAMF fraction of {base}")
+    raise KeyError(device)
+
+
+def power_factor(device: str, power_limit_w: float | None) -> float:
+    if power_limit_w is None:
+        return 1.0
+    src, _ = gemm_source(device)
+    return min(1.0, power_limit_w / src.tdp_w) ** POWER_EXPONENT
+
+
+def gemm_fraction(device: str, dtype: str) -> float:
+    """Sustained fraction of the datasheet peak of `dtype` ("bf16" or "fp8") at the device's best shape."""
+    src, _ = gemm_source(device)
+    if dtype == "fp8" and src.fp8_tflops is not None and src.table_fp8_peak:
+        return src.fp8_tflops / src.table_fp8_peak
+    return src.bf16_tflops / src.table_peak
+
+
+def gemm_efficiency(device: str, dtype: str, m: float, n: float, k: float) -> float:
+    """Fraction of the datasheet peak a [m,k]x[k,n] GEMM sustains (before the power factor)."""
+    src, _ = gemm_source(device)
+    rel = shape_factor(m, n, k, src.sms) / shape_factor(*src.best_shape, src.sms)
+    return gemm_fraction(device, dtype) * min(1.0, rel)
+
+
+# float8 rowwise (torchao recipe "rowwise"): forward y = x W^T through torch's CUTLASS rowwise kernel with fast
+# accumulation; pytorch/pytorch#147971 (2025-02, H100): "most shapes are within 90-100% of tensor-wise efficiency,
+# but there's a long tail down to 50%" -> 0.95 of the tensorwise rate for the large training shapes. Backward
+# (slow accumulation): torchao calls cuBLAS with unit scales and rescales the output in a separate pass
+# (pytorch/ao#1325), so those GEMMs run at the tensorwise rate plus RESCALE_BYTES per output element (fp32 output
+# written and read, bf16 result written).
+ROWWISE_FWD_RATE = 0.95
+ROWWISE_RESCALE_BYTES = 10
+
+# ----------------------------------------------------------------------------------------------- attention
+# FlashAttention-2 on H100 80GB SXM5, head dim 128, bf16 (Shah et al. 2024, FlashAttention-3 paper, arXiv
+# 2407.08608, Figures 5 and 6), TFLOPS on the FLOPs the kernel does (causal: half the scores), by sequence length:
+FA_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+FA2_H100_FWD_CAUSAL = (191.0, 260.0, 298.0, 319.0, 333.0, 335.0)
+FA2_H100_FWD = (309.0, 350.0, 362.0, 368.0, 370.0, 370.0)  # non-causal
+FA2_H100_BWD = (214.0, 260.0, 291.0, 310.0, 318.0, 322.0)  # non-causal (the paper's backward figure)
+# Causal backward is not plotted: it is taken as the non-causal backward x the forward's causal/non-causal ratio at
+# the same length (the same masking of the diagonal blocks slows both).
+# A100: FlashAttention-2 paper (Dao 2023, arXiv 2307.08691) abstract: forward "50-73% of the theoretical maximum
+# FLOPs/s on A100"; the H100 curve's shape is kept and scaled so that its 16K plateau is 73 % of 312 forward, the
+# backward keeping H100's backward/forward plateau ratio (322/370).
+FA2_A100_FWD_PLATEAU = 0.73
+
+
+def _interp(seq: float, ys: tuple[float, ...]) -> float:
+    xs = [math.log2(s) for s in FA_SEQ]
+    x = math.log2(max(seq, 1.0))
+    if x <= xs[0]:
+        return ys[0] * seq / FA_SEQ[0]  # short sequences: launch- and tail-bound, proportional to the work
+    if x >= xs[-1]:
+        return ys[-1]
+    for i in range(len(xs) - 1):
+        if xs[i] <= x <= xs[i + 1]:
+            t = (x - xs[i]) / (xs[i + 1] - xs[i])
+            return ys[i] + t * (ys[i + 1] - ys[i])
+    return ys[-1]
+
+
+def attention_fraction(device: str, seq: float, backward: bool, causal: bool = True) -> float:
+    """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length."""
+    fwd_c = _interp(seq, FA2_H100_FWD_CAUSAL)
+    fwd_n = _interp(seq, FA2_H100_FWD)
+    if backward:
+        tflops = _interp(seq, FA2_H100_BWD) * (fwd_c / fwd_n if causal else 1.0)
+    else:
+        tflops = fwd_c if causal else fwd_n
+    frac = tflops / 989.0
+    if device in ("A100", "A100 40GB"):
+        frac *= FA2_A100_FWD_PLATEAU / (FA2_H100_FWD[-1] / 989.0)
+    return frac
