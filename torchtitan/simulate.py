@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import resource
 import time
 
 import torch
@@ -31,6 +30,7 @@ import torch.distributed as dist
 
 from torchtitan.errors import UserError
 from torchtitan.log import logger
+from torchtitan.metrics.memory import MemoryMonitor, _max_rss_bytes
 from torchtitan.parallel.dims import ParallelDims
 
 GIB = 2**30
@@ -81,7 +81,7 @@ class Simulation:
         self.rank, self.world_size = c.fake_rank, c.fake_world_size
         os.environ.setdefault("LOG_RANK", str(self.rank))  # the one process logs to the console
         self.step_times: list[float] = []
-        self.cuda_peaks = (0, 0)  # max allocated, max reserved over the steps
+        self.peaks = (0, 0)  # over the steps: CUDA max allocated and reserved; CPU peak resident set (twice)
         self._mark = 0.0
 
     # ---- build ---------------------------------------------------------------------------------------------
@@ -168,15 +168,18 @@ class Simulation:
     def step_start(self, device: torch.device) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        if not self.step_times:  # the peaks cover the steps (init's transient buffers are not the step's)
+            MemoryMonitor(device).reset_peak()
         self._mark = time.perf_counter()
 
     def step_done(self, device: torch.device) -> None:
+        # read before the metrics reset their peak counters on log steps
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            self.cuda_peaks = (
-                max(self.cuda_peaks[0], torch.cuda.max_memory_allocated(device)),
-                max(self.cuda_peaks[1], torch.cuda.max_memory_reserved(device)),
-            )
+            now = (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device))
+        else:
+            now = (_max_rss_bytes(), _max_rss_bytes())
+        self.peaks = (max(self.peaks[0], now[0]), max(self.peaks[1], now[1]))
         self.step_times.append(time.perf_counter() - self._mark)
         logger.info(f"simulated step {len(self.step_times)}: {self.step_times[-1]:.3f} s (compute only)")
 
@@ -196,15 +199,13 @@ class Simulation:
             # no per-tensor accounting of activations on CPU; on CUDA: the peak minus the states above
             "activations": None,
         }
+        allocated, reserved = self.peaks
         if device.type == "cuda":
-            allocated, reserved = self.cuda_peaks
             out["activations"] = (
                 allocated / GIB - out["parameters"] - out["gradients"] - out["optimizer_states"]
             )
             out["max_allocated"] = allocated / GIB
-            out["peak"] = reserved / GIB
-        else:
-            out["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
+        out["peak"] = reserved / GIB
         return out
 
     def finish(

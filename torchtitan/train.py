@@ -192,10 +192,8 @@ def train(cfg: JobConfig) -> int:
     optimizer = build_optimizer(model_parts, cfg)
     precompute_float8_scales = build_scale_precompute(cfg)
     scheduler = build_lr_scheduler(optimizer, cfg)
-    dataloader = (
-        sim.batches(model_args.vocab_size, t.local_batch_size, t.seq_len, dp_rank)
-        if sim
-        else build_dataloader(
+    if sim is None:
+        dataloader = build_dataloader(
             dataset=cfg.data.dataset,
             dataset_path=cfg.data.dataset_path,
             text_field=cfg.data.text_field,
@@ -206,7 +204,8 @@ def train(cfg: JobConfig) -> int:
             seq_len=t.seq_len,
             num_shards=cfg.data.num_shards,
         )
-    )
+    else:  # random tokens of the run's shapes
+        dataloader = sim.batches(model_args.vocab_size, t.local_batch_size, t.seq_len, dp_rank)
 
     accum_steps = dims.grad_accumulation_steps(t)
     local_tokens = t.local_batch_size * t.seq_len * accum_steps  # per dp rank and optimizer step
@@ -436,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
             from torchtitan.preflight import run_checks
 
             world, nodes = launch_world()
+            if cfg.comm.mode == "fake_backend":  # check the simulated world (and the simulation's own keys)
+                world, nodes = Simulation(cfg).world_size, None
             return run_checks(cfg, world, nodes if "WORLD_SIZE" in os.environ else None)
         rc = train(cfg)
         # Every rank returns from train() at the same step (finished, seed written, or preempted). Leave together:
