@@ -124,13 +124,19 @@ def estimator_states(args: list[str], world: int, rank: int) -> dict[str, float]
 
 
 def run_row(
-    row: str, seq: int = 64, steps: int = 2, n_layers: int | None = None, vocab: int | None = None, env=None
+    row: str,
+    seq: int = 64,
+    steps: int = 2,
+    n_layers: int | None = None,
+    vocab: int | None = None,
+    extra: list[str] = (),
+    env=None,
 ) -> dict:
     """Simulate the row's rank in a fresh process; its simulation.json plus the estimator's states and the wall
     time of the whole process."""
     world, rank, _ = ROWS[row]
     with tempfile.TemporaryDirectory() as dump:
-        args = row_args(row, seq, steps, n_layers, dump, vocab)
+        args = [*row_args(row, seq, steps, n_layers, dump, vocab), *extra]
         cp = any(a.startswith("--parallelism.context_parallel_degree") for a in args)
         script = "tests/dist/train_cp_cpu.py" if cp else "train.py"
         started = time.perf_counter()

@@ -2,7 +2,8 @@
 
     python tests/dist/simulate_many.py RUNS.json      # [[arg, ...], ...] -> prints [exit code, ...] as JSON
 
-Saves the interpreter and torch start-up per run (tests/test_simulate.py). torch's context-parallel ring
+Saves the interpreter and torch start-up per run (tests/test_simulate.py). Not for two pipeline layouts of the
+same world and mesh in a row: torch's cached process-group names then point at the previous run's groups. torch's context-parallel ring
 attention gets the CPU kernel first (tests/cp_cpu_kernel.py), so context-parallel layouts run too.
 """
 
@@ -11,6 +12,7 @@ import gc
 import io
 import json
 import sys
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cp_cpu_kernel
@@ -25,7 +27,11 @@ if __name__ == "__main__":
     for argv in json.loads(Path(sys.argv[1]).read_text()):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            rc = main(argv)
+            try:
+                rc = main(argv)
+            except Exception:  # a crash is this run's result, not the end of the others
+                traceback.print_exc()
+                rc = 1
         results.append({"rc": rc, "stderr": err.getvalue()[-2000:]})
         gc.collect()  # the trainer disables the cyclic GC during a run
     print("RESULTS " + json.dumps(results))
