@@ -79,8 +79,9 @@ ROWS = {
 }
 # Full-depth 405B ranks do not fit this 24 GB machine (pipeline rank 0 holds 16 blocks: ~13.5 GB of fp32
 # weights + AdamW, 12.8 GB of gathered bf16 blocks and 25.6 GB of unsharded fp32 gradients under PP): their
-# "full" runs use 32 layers (4 per stage with 1F1B, 2 per stage interleaved), which keeps every per-layer ratio.
-FULL_LAYERS = {"405b_fsdp8_tp8_pp8_1f1b": 32, "405b_fsdp8_tp8_pp8_interleaved": 32}
+# "full" runs keep the full width and vocabulary with one block per stage (8 layers for 1F1B, 16 interleaved),
+# which keeps every per-block ratio (a 1-block stage measured 11.9 GB resident; 4 blocks would not fit).
+FULL_LAYERS = {"405b_fsdp8_tp8_pp8_1f1b": 8, "405b_fsdp8_tp8_pp8_interleaved": 16}
 
 
 def row_args(
