@@ -373,7 +373,7 @@ def train(cfg: JobConfig) -> int:
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         if sim:
-            sim.step_done(device)  # per-step time (compute only) and, on CUDA, the step's peak memory
+            sim.step_done(device)  # per-step time (compute only) and the step's peak memory
 
         tokens_seen += global_tokens
 
@@ -419,7 +419,7 @@ def train(cfg: JobConfig) -> int:
     metrics.close(t.steps, finished=True)
     logger.info("training finished after %d steps", t.steps)
     if sim:  # this rank's memory and step time beside the estimator's: <dump_folder>/simulation.json
-        sim.finish(model_parts, optimizer, dims, device, metrics.peak.bf16_tflops)
+        sim.finish(model_parts, optimizer, dims, device, peak.bf16_tflops)
     return 0
 
 
