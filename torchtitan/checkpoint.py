@@ -460,7 +460,8 @@ class CheckpointManager:
         self.world_size = dist.get_world_size()
         # All ranks write into the same temporary folder, so they need the same id: rank 0 draws it.
         ids = [uuid.uuid4().hex[:8]]
-        dist.broadcast_object_list(ids, src=0)
+        if dist.get_backend() != "fake":  # the fake-backend simulation (simulate.py) moves no objects
+            dist.broadcast_object_list(ids, src=0)
         self.save_id = ids[0]
         # An async save runs collectives in a background thread; on its own gloo group they never interleave
         # with the training step's collectives on the default group.

@@ -5,10 +5,10 @@
     python train.py --job.dry_run=true ...      # the same checks from the trainer's entry point
 
 Checks, each one line of the report: the config (strict), the mesh and every divisibility rule for the world
-size (--world_size, else WORLD_SIZE from a launcher, else 1), the node count, tokenizer against the model's
-vocabulary, the dataset and, with validation on, the held-out one (each opened, one document read, errors
-naming its own keys: data.* or validation.*), every folder the run writes (created and writable: dump
-folder, logs, tb, checkpoint and trace folders), the head node (resolvable, rendezvous port free when the head is
+size (--world_size, else comm.fake_world_size under comm.mode=fake_backend, else WORLD_SIZE from a launcher,
+else 1), the node count, tokenizer against the model's vocabulary, the dataset and, with validation on, the
+held-out one (each opened, one document read, errors naming its own keys: data.* or validation.*), every folder
+the run writes (created and writable: dump folder, logs, tb, checkpoint and trace folders), the head node (resolvable, rendezvous port free when the head is
 this machine; from --rdzv_endpoint or MASTER_ADDR/MASTER_PORT), and the estimator's per-device peak memory
 (information only, never a failure), plus a warning when the checkpoint folder's free space is below what
 keep_latest_k + 1 checkpoints need.
@@ -239,14 +239,18 @@ def run_checks(cfg, world_size: int, nnodes: int | None = None, endpoint: str | 
 def preflight(argv: list[str]) -> int:
     flags, argv = _split_launch_flags(argv)
     world_size = _positive("world_size", flags["world_size"]) if "world_size" in flags else None
-    if world_size is None:
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
     nnodes = _positive("nnodes", flags["nnodes"]) if "nnodes" in flags else None
     endpoint = flags.get("rdzv_endpoint")
     if endpoint is None and os.environ.get("MASTER_ADDR") and "TORCHELASTIC_RUN_ID" not in os.environ:
         endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '29500')}"
     cfg = parse_args(argv)
     validate(cfg)
+    if (
+        world_size is None and cfg.comm.mode == "fake_backend"
+    ):  # the world the simulation would play a rank of
+        world_size = cfg.comm.fake_world_size
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
     return run_checks(cfg, world_size, nnodes, endpoint)
 
 

@@ -60,6 +60,7 @@ from torchtitan.parallel.distributed import check_node_count, launch_world
 from torchtitan.profiling import EXIT_OOM, Profiler, oom_message, write_oom_snapshot
 from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
 from torchtitan.runtime_env import set_env_defaults
+from torchtitan.simulate import Simulation
 from torchtitan.watchdog import (
     Watchdog,
     comm_failure_message,
@@ -115,12 +116,17 @@ def forward_backward(
 def train(cfg: JobConfig) -> int:
     started = time.perf_counter()
     # ---- build -------------------------------------------------------------------------------------------------
-    # A world that does not match the config fails here with both numbers, before any rank waits for another.
-    check_node_count(cfg.job.expected_nodes)
-    dims = ParallelDims.from_config(cfg.parallelism, launch_world()[0])
+    # comm.mode=fake_backend: this one process plays one rank of a larger job (simulate.py); else None
+    sim = Simulation(cfg) if cfg.comm.mode == "fake_backend" else None
+    if sim is None:
+        # A world that does not match the config fails here with both numbers, before any rank waits for another.
+        check_node_count(cfg.job.expected_nodes)
+        dims = ParallelDims.from_config(cfg.parallelism, launch_world()[0])
+    else:
+        dims = sim.dims()
     dump = cfg.job.dump_folder
     check_output_paths(cfg)  # every folder the run writes: creatable and writable, before any process group
-    init_logger(int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
+    init_logger(sim.rank if sim else int(os.environ.get("RANK", 0)), os.path.join(dump, "logs"))
     device = pick_device()
     model_args = model_args_from_config(cfg.model, cfg.training.seq_len)
     # NCCL error handling and flight-recorder dumps, cuBLAS determinism, CPU malloc: before those libraries start
@@ -130,7 +136,9 @@ def train(cfg: JobConfig) -> int:
         pp_plan = plan_pipeline(
             cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
         )
-    rank, world_size = init_distributed(device, cfg.comm.init_timeout_seconds)
+    rank, world_size = (
+        sim.init_process_group() if sim else init_distributed(device, cfg.comm.init_timeout_seconds)
+    )
     if rank == 0 and (low_space := space_warning(cfg, model_args.num_params())):
         logger.warning(low_space)
     # Where the wall clock goes, from this process's start; continued across restarts through the checkpoint
@@ -146,9 +154,10 @@ def train(cfg: JobConfig) -> int:
     if rank == 0 and cfg.job.print_config:
         logger.info("effective config (saved to %s/config.toml once the run starts):\n%s", dump, to_toml(cfg))
 
-    tokenizer = build_tokenizer(cfg.model.tokenizer_path)
-    check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
-    check_resume_target(cfg, tokenizer)  # the checkpoint to load fits this model: said before building it
+    if sim is None:  # the simulation trains on random tokens: no tokenizer, no dataset
+        tokenizer = build_tokenizer(cfg.model.tokenizer_path)
+        check_vocab(tokenizer, model_args.vocab_size, cfg.model.tokenizer_path)
+        check_resume_target(cfg, tokenizer)  # the checkpoint to load fits this model: said before building it
 
     # Meta device -> parallelize -> materialize -> initialize: no rank ever holds the full unsharded model.
     # `model_parts` is the list of modules this rank runs: the whole model, or its pipeline stages.
@@ -169,6 +178,7 @@ def train(cfg: JobConfig) -> int:
             cfg,
             device,
             functools.partial(loss_fn, global_tokens=step_tokens),
+            make_stage=sim.make_stage(dims, model_args) if sim else None,  # fake messages carry no shapes
         )
         pp = (schedule, has_first, has_last)
         del model  # the stages are deep copies; the full meta model is no longer needed
@@ -182,17 +192,20 @@ def train(cfg: JobConfig) -> int:
     optimizer = build_optimizer(model_parts, cfg)
     precompute_float8_scales = build_scale_precompute(cfg)
     scheduler = build_lr_scheduler(optimizer, cfg)
-    dataloader = build_dataloader(
-        dataset=cfg.data.dataset,
-        dataset_path=cfg.data.dataset_path,
-        text_field=cfg.data.text_field,
-        tokenizer=tokenizer,
-        dp_rank=dp_rank,
-        dp_world_size=dims.dp,
-        batch_size=t.local_batch_size,
-        seq_len=t.seq_len,
-        num_shards=cfg.data.num_shards,
-    )
+    if sim is None:
+        dataloader = build_dataloader(
+            dataset=cfg.data.dataset,
+            dataset_path=cfg.data.dataset_path,
+            text_field=cfg.data.text_field,
+            tokenizer=tokenizer,
+            dp_rank=dp_rank,
+            dp_world_size=dims.dp,
+            batch_size=t.local_batch_size,
+            seq_len=t.seq_len,
+            num_shards=cfg.data.num_shards,
+        )
+    else:  # random tokens of the run's shapes
+        dataloader = sim.batches(model_args.vocab_size, t.local_batch_size, t.seq_len, dp_rank)
 
     accum_steps = dims.grad_accumulation_steps(t)
     local_tokens = t.local_batch_size * t.seq_len * accum_steps  # per dp rank and optimizer step
@@ -261,7 +274,8 @@ def train(cfg: JobConfig) -> int:
         start_step=start_step,
         goodput=goodput,
     )
-    header = [
+    header = [sim.header()] if sim else []
+    header += [
         f"model {cfg.model.name} {cfg.model.flavor}: {model_args.num_params():,} parameters"
         f" ({model_args.num_flop_params():,} in matmuls), {world_size} x {device.type}",
         f"parallelism: {dims.describe()}",
@@ -292,7 +306,7 @@ def train(cfg: JobConfig) -> int:
     # Every process group (default, mesh sub-groups, checkpoint) waits up to the init timeout in the first step
     # (compile, warm-up, lazy init); the training timeout takes over once it has completed.
     set_collective_timeout(cfg.comm.init_timeout_seconds)
-    checks = StepChecks(device)
+    checks = StepChecks(device, ignore_nonfinite=sim is not None)
     nan_step = nan_hook_step()
     watchdog = Watchdog(cfg.comm.watchdog_timeout_seconds, cfg.comm.init_timeout_seconds, rank)
 
@@ -306,6 +320,8 @@ def train(cfg: JobConfig) -> int:
         check_step = t.skip_nonfinite_steps or metrics.should_log(step) or ckpt.should_save(step, t.steps)
         forbid_syncs(not check_step, device)  # test hook: on CUDA, a sync outside check steps raises
         hook_stall(step, rank)
+        if sim:
+            sim.step_start(device)
         optimizer.zero_grad(set_to_none=True)
         loss, data_time = torch.zeros((), device=device), 0.0
         for _ in range(accum_steps):  # gradients add up over micro-steps
@@ -356,6 +372,8 @@ def train(cfg: JobConfig) -> int:
                 precompute_float8_scales(model_parts)
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
+        if sim:
+            sim.step_done(device)  # per-step time (compute only) and the step's peak memory
 
         tokens_seen += global_tokens
 
@@ -400,6 +418,8 @@ def train(cfg: JobConfig) -> int:
     ckpt.close()  # an async save still in flight is waited for and committed
     metrics.close(t.steps, finished=True)
     logger.info("training finished after %d steps", t.steps)
+    if sim:  # this rank's memory and step time beside the estimator's: <dump_folder>/simulation.json
+        sim.finish(model_parts, optimizer, dims, device, peak.bf16_tflops)
     return 0
 
 
@@ -415,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
             from torchtitan.preflight import run_checks
 
             world, nodes = launch_world()
+            if cfg.comm.mode == "fake_backend":  # check the simulated world (and the simulation's own keys)
+                world, nodes = Simulation(cfg).world_size, None
             return run_checks(cfg, world, nodes if "WORLD_SIZE" in os.environ else None)
         rc = train(cfg)
         # Every rank returns from train() at the same step (finished, seed written, or preempted). Leave together:

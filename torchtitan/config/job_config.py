@@ -368,6 +368,16 @@ class Comm:
         "dump all stacks and exit (code 3) if no step completes in this time; the first step also gets"
         " comm.init_timeout_seconds; 0 = off",
     )
+    mode: Literal["default", "fake_backend"] = opt(
+        "default",
+        "fake_backend: simulate one rank of a fake_world_size-rank job in this one process (no torchrun) over"
+        " torch's fake process group: real mesh, shards, compute and memory; collectives move no data, so loss"
+        " values are meaningless, batches are random tokens and checkpoint saving is refused (docs/launching.md)",
+    )
+    fake_world_size: int = opt(
+        0, "comm.mode=fake_backend: the world size to simulate (the parallel degrees must multiply to it)"
+    )
+    fake_rank: int = opt(0, "comm.mode=fake_backend: the rank this process plays, 0 .. fake_world_size-1")
 
 
 @dataclass

@@ -60,20 +60,73 @@ def fp8_param_share(plan: Plan) -> float:
     return conv / mats if mats else 0.0
 
 
+def _fsdp_rows(rows: int, n: int, index: int) -> int:
+    """Rows of dimension 0 that FSDP2's Shard(0) gives shard `index` of `n` (torch.chunk: ceil-sized chunks, the
+    last ones shorter or empty)."""
+    chunk = -(-rows // n)
+    return max(0, min(chunk, rows - index * chunk))
+
+
+def fsdp_shard_params(plan: Plan, rank: int, index: int = 0) -> int:
+    """Parameters FSDP shard `index` (of dp_shard x cp) of pipeline rank `rank` holds, tensor by tensor: TP splits
+    first (column-wise linears and the vocabulary on rows, row-wise linears on columns), FSDP then chunks each
+    tensor's rows. Index 0 holds the largest shard; with small tensors over many ranks, later ones hold less."""
+    n, tp, d = plan.fsdp_degree, plan.tp, plan.args.dim
+    n_blocks, has_emb, has_head = plan.rank_layers()[rank]
+
+    def shard(rows: int, cols: int) -> int:
+        return _fsdp_rows(rows, n, index) * cols
+
+    block = 2 * shard(d, 1)  # attention_norm, ffn_norm
+    for lin in plan.block_linears:
+        block += (
+            shard(lin.out_features // tp, lin.in_features)
+            if lin.colwise
+            else shard(lin.out_features, lin.in_features // tp)
+        )
+    vocab_rows = plan.args.vocab_size // tp
+    total = n_blocks * block
+    if has_emb:
+        total += shard(vocab_rows, d)
+    if has_head:
+        total += shard(d, 1) + (0 if plan.args.tie_embeddings else shard(vocab_rows, d))
+    return total
+
+
+def rank_params(plan: Plan, rank: int) -> tuple[float, float]:
+    """(parameters of pipeline rank `rank`'s stages after TP, the part of them the largest FSDP shard holds)."""
+    n_blocks, has_emb, has_head = plan.rank_layers()[rank]
+    p_rank = (
+        n_blocks * plan.block_params()
+        + (plan.embedding_params() if has_emb else 0)
+        + (plan.head_params() if has_head else 0)
+    )
+    # FSDP chunks every tensor's rows: shard 0 holds ceil-sized chunks, p_rank / n only when every row count divides
+    return p_rank, float(fsdp_shard_params(plan, rank, 0))
+
+
+def state_bytes(plan: Plan, rank: int, fsdp_index: int = 0) -> dict[str, float]:
+    """Parameters, gradients and AdamW moments pipeline rank `rank`, FSDP shard `fsdp_index`, holds once its
+    optimizer has stepped, in bytes, whatever the moment of the peak: what the fake-backend simulation counts
+    from its tensors."""
+    p_local = fsdp_shard_params(plan, rank, fsdp_index)
+    offload = plan.cfg.parallelism.fsdp_cpu_offload
+    return {
+        "parameters": 0.0 if offload else MASTER_BYTES * p_local,
+        "gradients": 0.0 if offload else MASTER_BYTES * p_local,
+        "optimizer_states": 0.0 if offload else ADAMW_STATE_BYTES * p_local,
+    }
+
+
 def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     """Bytes of every component at the peak on pipeline rank `rank` (0 without PP)."""
     eff, s = plan.eff, plan.shape
     n_blocks, has_emb, has_head = plan.rank_layers()[rank]
     v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank if plan.pp_plan else 1
     p_blk = plan.block_params()
-    p_rank = (
-        n_blocks * p_blk
-        + (plan.embedding_params() if has_emb else 0)
-        + (plan.head_params() if has_head else 0)
-    )
+    p_rank, p_local = rank_params(plan, rank)
     n = plan.fsdp_degree
     sharded = n > 1
-    p_local = p_rank / n
     accumulating = plan.accum > 1 and plan.pp_plan is None
     tokens = plan.tokens_per_pass
 

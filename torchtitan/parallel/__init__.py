@@ -93,13 +93,15 @@ def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Mod
     return model
 
 
-def pipeline_parallelize(model: torch.nn.Module, plan, dims: ParallelDims, cfg, device, loss_fn):
+def pipeline_parallelize(
+    model: torch.nn.Module, plan, dims: ParallelDims, cfg, device, loss_fn, make_stage=None
+):
     """Split the meta-device model into this rank's pipeline stages, `parallelize` each one, build the schedule.
 
     Returns (schedule, model_parts, has_first_stage, has_last_stage); see pipeline.py.
     """
     return build_pipeline(
-        model, plan, dims.mesh("pp"), device, lambda stage: parallelize(stage, dims, cfg), loss_fn
+        model, plan, dims.mesh("pp"), device, lambda stage: parallelize(stage, dims, cfg), loss_fn, make_stage
     )
 
 

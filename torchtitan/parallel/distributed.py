@@ -140,6 +140,8 @@ def set_collective_timeout(seconds: int) -> None:
     # holds every group this process created and is a member of.
     from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout, _world
 
+    if dist.get_backend() == "fake":  # the fake-backend simulation (simulate.py): nothing ever waits
+        return
     timeout = datetime.timedelta(seconds=seconds)
     for group in list(_world.pg_map):
         if not _rank_not_in_group(group):

@@ -231,11 +231,13 @@ def build_pipeline(
     device: torch.device,
     parallelize_stage: Callable[[nn.Module], nn.Module],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    make_stage: Callable | None = None,
 ):
     """Build this rank's stages (each parallelized by `parallelize_stage`, still on meta) and the schedule.
 
     Returns (schedule, model_parts, has_first_stage, has_last_stage). The caller materializes and initializes
-    `model_parts` afterwards; the stages and schedule only hold references to them.
+    `model_parts` afterwards; the stages and schedule only hold references to them. `make_stage(part, stage,
+    num_stages, device, group)` replaces torch's PipelineStage (the fake-backend simulation gives shapes).
     """
     from torch.distributed import pipelining
 
@@ -246,7 +248,12 @@ def build_pipeline(
         part = stage_module(model, plan.stage_layers[s], first=s == 0, last=s == plan.num_stages - 1)
         part = parallelize_stage(part)
         parts.append(part)
-        stages.append(pipelining.PipelineStage(part, s, plan.num_stages, device, group=pp_mesh.get_group()))
+        if make_stage is None:
+            stages.append(
+                pipelining.PipelineStage(part, s, plan.num_stages, device, group=pp_mesh.get_group())
+            )
+        else:
+            stages.append(make_stage(part, s, plan.num_stages, device, pp_mesh.get_group()))
     cls_name, multi, _ = SCHEDULES[plan.schedule]
     cls = getattr(pipelining, cls_name)
     schedule = cls(
