@@ -674,12 +674,20 @@ def _filter_fqns(c: _Converter, k, v):
 
 def _comm_mode(c: _Converter, k, v):
     """torchtitan's comm.mode (default / fake_backend / local_tensor): carried over when this project has the key."""
-    if k in _our_keys():
+    if k in _our_keys() and v in ("default", "fake_backend"):
         c.put(k, v, k)
+        if v == "fake_backend":
+            c.say(
+                "info",
+                'comm.mode = "fake_backend": set comm.fake_world_size (and comm.fake_rank) for the world to'
+                " simulate (docs/launching.md, 'Check a cluster config on one machine')",
+            )
     elif v == "default":
         c.say("dropped", f"{k} = {_fmt(v)}: already our behaviour (real collectives)")
     else:
-        c.fail(k, v, "no simulated communication here; nearest: python -m torchtitan.estimate")
+        c.fail(
+            k, v, 'not supported here; nearest: comm.mode = "fake_backend" (one simulated rank, real compute)'
+        )
 
 
 def _memory_estimation(c: _Converter, k, v):
