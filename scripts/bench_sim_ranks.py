@@ -9,7 +9,7 @@ Rows are torchtitan's published H100 runs as tests/estimate_reference.toml recor
 and `memory_gib`): h100_8b_fsdp8_eager (8B FSDP 8, 2 x 8192, selective AC: 82.4 GiB), h100_70b_fsdp32_tp8 (70B
 FSDP 32 x TP 8, 16 x 8192, full AC, compile, float8: 71.9 GiB), h100_405b_fsdp8_tp8_pp8_1f1b (405B FSDP 8 x TP 8
 x PP 8: 82.5 GiB; 96 GB parts, so it may not fit an 80 GB H100). Each side runs rank 0 of the row's world in one
-process with fake process groups (ours: --comm.mode=fake_backend --comm.fake_world_size=N, issue 23's mode;
+process with fake process groups (ours: --comm.mode=fake_backend --comm.fake_world_size=N, docs/launching.md;
 torchtitan: NGPU=N --comm.mode=fake_backend, its own), --steps steps; reported: each side's max reserved memory
 (its own log), ours/torchtitan, the published figure and our estimator's (simulation.json's estimated_gib).
 torchtitan's keys are translated from ours (same names for batch, sequence, parallel degrees, AC, compile;
@@ -45,6 +45,7 @@ SAME = (
     "--training.local_batch_size",
     "--parallelism.",
     "--activation_checkpoint.",
+    "--optimizer.implementation",  # the same key and values (for-loop/foreach/fused) in torchtitan 0.2.2
 )
 
 
