@@ -164,7 +164,9 @@ def test_environment_defaults(tmp_path, monkeypatch):
     one_b = model_args_from_config(parse_args(["--model.flavor=1B"]).model, 64).largest_weight_bytes()
     assert one_b == 4 * 2048 * 128256
     # a simulated rank (comm.mode=fake_backend) keeps glibc's behaviour: its heap would fragment (docs/estimate.md)
-    sim = parse_args([f"--job.dump_folder={tmp_path}", "--comm.mode=fake_backend", "--comm.fake_world_size=8"])
+    sim = parse_args(
+        [f"--job.dump_folder={tmp_path}", "--comm.mode=fake_backend", "--comm.fake_world_size=8"]
+    )
     assert set_env_defaults(sim, "cpu", one_b) == {}
     assert set_env_defaults(cfg, "cpu", one_b) == (kept if platform.libc_ver()[0] == "glibc" else {})
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # the user tuned malloc: left alone

@@ -90,6 +90,10 @@ def set_env_defaults(cfg, device_type: str, largest_weight_bytes: int = 0) -> di
     # Not for a simulated rank (comm.mode=fake_backend): its FSDP buffers are whole unsharded blocks of a large
     # model, of many sizes, and a heap that never returns them fragments until the process is killed (a 70B rank
     # of 256 reached 24 GiB this way; 7.3 GiB with glibc's own mmap of large blocks).
-    if device_type == "cpu" and largest_weight_bytes >= MMAP_THRESHOLD_MAX and cfg.comm.mode != "fake_backend":
+    if (
+        device_type == "cpu"
+        and largest_weight_bytes >= MMAP_THRESHOLD_MAX
+        and cfg.comm.mode != "fake_backend"
+    ):
         done.update(_keep_freed_cpu_memory())
     return done
