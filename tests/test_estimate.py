@@ -447,3 +447,16 @@ def test_median_time_makes_every_process_call_a_collective_equally_often(tmp_pat
     counts = json.loads(outs[0][0].strip().splitlines()[-1])
     # 3 timings, each a warm-up, a probe and at least 3 timed calls
     assert counts[0] == counts[1] and counts[0] >= 3 * (2 + 3), counts
+
+
+def test_a_cpu_peak_given_by_hand_is_taken_as_sustained():
+    """A CPU's peak is a measurement of this machine (no datasheet MAMF to discount it by): set by hand, without
+    a calibration, the estimate runs on that peak (it raised KeyError('CPU') in the sourced-rates rework)."""
+    r = estimate(
+        "--estimate.hardware=cpu",
+        "--estimate.peak_tflops=0.2",
+        "--estimate.hbm_bandwidth_gbps=10",
+        "--estimate.num_devices=1",
+    )
+    assert r["tokens_per_sec_per_device"] > 0
+    assert r["hardware"]["bf16_tflops"] == 0.2

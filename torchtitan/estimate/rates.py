@@ -116,8 +116,16 @@ def power_factor(device: str, power_limit_w: float | None) -> float:
     return min(1.0, power_limit_w / src.tdp_w) ** POWER_EXPONENT
 
 
+# A CPU has no datasheet peak: its "peak" is this machine's measured matmul rate (the estimator's calibration, or
+# --estimate.peak_tflops from one), already a sustained rate, so nothing discounts it (and no shape factor: the
+# calibration times the run's own shapes).
+MEASURED_PEAK_DEVICES = ("CPU",)
+
+
 def gemm_fraction(device: str, dtype: str) -> float:
     """Sustained fraction of the datasheet peak of `dtype` ("bf16" or "fp8") at the device's best shape."""
+    if device in MEASURED_PEAK_DEVICES:
+        return 1.0
     src, _ = gemm_source(device)
     if dtype == "fp8" and src.fp8_tflops is not None and src.table_fp8_peak:
         return src.fp8_tflops / src.table_fp8_peak
@@ -126,6 +134,8 @@ def gemm_fraction(device: str, dtype: str) -> float:
 
 def gemm_efficiency(device: str, dtype: str, m: float, n: float, k: float) -> float:
     """Fraction of the datasheet peak a [m,k]x[k,n] GEMM sustains (before the power factor)."""
+    if device in MEASURED_PEAK_DEVICES:
+        return 1.0
     src, _ = gemm_source(device)
     rel = shape_factor(m, n, k, src.sms) / shape_factor(*src.best_shape, src.sms)
     return gemm_fraction(device, dtype) * min(1.0, rel)
