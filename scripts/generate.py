@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     finally:
         if torch.distributed.is_initialized():
+            if sys.exc_info()[0] is None:
+                # Leave together, as the trainer does: rank 0 is still writing its output when the others finish,
+                # and gloo aborts a peer whose pairs close mid-teardown (SIGABRT after a successful run).
+                torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
 
