@@ -331,3 +331,14 @@ def test_dry_run_checks_the_simulated_world(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "world 64 = pp 1 x dp_replicate 1 x dp_shard 16 x cp 1 x tp 4" in r.stdout
+
+
+def test_preflight_applies_the_simulations_checks(tmp_path):
+    """python -m torchtitan.preflight under comm.mode=fake_backend checks the simulated world with the same
+    one-line errors as the run and its dry run (a rank outside the world passed the preflight before)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "torchtitan.preflight", *DEBUG, "--comm.fake_world_size=8", "--comm.fake_rank=8",
+         f"--job.dump_folder={tmp_path}"],
+        cwd=ROOT, env=train_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "comm.fake_rank = 8" in r.stderr, r.stdout + r.stderr

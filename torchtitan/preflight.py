@@ -245,10 +245,11 @@ def preflight(argv: list[str]) -> int:
         endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '29500')}"
     cfg = parse_args(argv)
     validate(cfg)
-    if (
-        world_size is None and cfg.comm.mode == "fake_backend"
-    ):  # the world the simulation would play a rank of
-        world_size = cfg.comm.fake_world_size
+    from torchtitan.simulate import Simulation, enabled
+
+    if world_size is None and enabled(cfg):
+        # the world the simulation would play a rank of, after the simulation's own checks (as the dry run does)
+        world_size = Simulation(cfg).world_size
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", 1))
     return run_checks(cfg, world_size, nnodes, endpoint)

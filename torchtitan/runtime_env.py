@@ -14,6 +14,8 @@ import os
 import torch
 from torch.torch_version import TorchVersion
 
+from torchtitan.simulate import enabled as simulating
+
 # NCCL on a timed-out or failed collective (values of TORCH_NCCL_ASYNC_ERROR_HANDLING in torch's
 # ProcessGroupNCCL.hpp: 0 no handling, 1 abort communicators and tear down the process, 2 only abort the
 # communicators, 3 tear down without aborting; torch's default is 3). With 2 the process lives on and the
@@ -90,10 +92,6 @@ def set_env_defaults(cfg, device_type: str, largest_weight_bytes: int = 0) -> di
     # Not for a simulated rank (comm.mode=fake_backend): its FSDP buffers are whole unsharded blocks of a large
     # model, of many sizes, and a heap that never returns them fragments until the process is killed (a 70B rank
     # of 256 reached 24 GiB this way; 7.3 GiB with glibc's own mmap of large blocks).
-    if (
-        device_type == "cpu"
-        and largest_weight_bytes >= MMAP_THRESHOLD_MAX
-        and cfg.comm.mode != "fake_backend"
-    ):
+    if device_type == "cpu" and largest_weight_bytes >= MMAP_THRESHOLD_MAX and not simulating(cfg):
         done.update(_keep_freed_cpu_memory())
     return done

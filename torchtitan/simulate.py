@@ -37,6 +37,7 @@ GIB = 2**30
 
 
 def enabled(cfg) -> bool:
+    """Whether this run simulates one rank (comm.mode=fake_backend): the one place the mode is tested."""
     return cfg.comm.mode == "fake_backend"
 
 
@@ -178,7 +179,8 @@ class Simulation:
             torch.cuda.synchronize(device)
             now = (torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device))
         else:
-            now = (_max_rss_bytes(), _max_rss_bytes())
+            rss = _max_rss_bytes()
+            now = (rss, rss)
         self.peaks = (max(self.peaks[0], now[0]), max(self.peaks[1], now[1]))
         self.step_times.append(time.perf_counter() - self._mark)
         logger.info(f"simulated step {len(self.step_times)}: {self.step_times[-1]:.3f} s (compute only)")
@@ -262,7 +264,12 @@ def estimate_rank(cfg, world_size: int, pp_rank: int, device: torch.device, peak
     c.estimate.num_devices = world_size
     calibration = None
     if device.type == "cuda":
-        c.estimate.hardware = match_device(torch.cuda.get_device_name(device)) or "h100-sxm"
+        name = torch.cuda.get_device_name(device)
+        c.estimate.hardware = match_device(name) or "h100-sxm"
+        if match_device(name) is None:  # never silently: the estimate below then prices an H100 SXM
+            logger.warning(
+                f"{name} is not in the hardware table: estimated_gib and compute priced as an H100 SXM"
+            )
         c.estimate.memory_gib = torch.cuda.get_device_properties(device).total_memory / GIB
     else:
         c.estimate.hardware = "cpu"

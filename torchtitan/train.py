@@ -61,6 +61,7 @@ from torchtitan.profiling import EXIT_OOM, Profiler, oom_message, write_oom_snap
 from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_token
 from torchtitan.runtime_env import set_env_defaults
 from torchtitan.simulate import Simulation
+from torchtitan.simulate import enabled as simulating
 from torchtitan.watchdog import (
     Watchdog,
     comm_failure_message,
@@ -117,7 +118,7 @@ def train(cfg: JobConfig) -> int:
     started = time.perf_counter()
     # ---- build -------------------------------------------------------------------------------------------------
     # comm.mode=fake_backend: this one process plays one rank of a larger job (simulate.py); else None
-    sim = Simulation(cfg) if cfg.comm.mode == "fake_backend" else None
+    sim = Simulation(cfg) if simulating(cfg) else None
     if sim is None:
         # A world that does not match the config fails here with both numbers, before any rank waits for another.
         check_node_count(cfg.job.expected_nodes)
@@ -435,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             from torchtitan.preflight import run_checks
 
             world, nodes = launch_world()
-            if cfg.comm.mode == "fake_backend":  # check the simulated world (and the simulation's own keys)
+            if simulating(cfg):  # check the simulated world (and the simulation's own keys)
                 world, nodes = Simulation(cfg).world_size, None
             return run_checks(cfg, world, nodes if "WORLD_SIZE" in os.environ else None)
         rc = train(cfg)
