@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from torchtitan.data import build_dataloader
+from torchtitan.data.dataset import validation_source
 from torchtitan.errors import UserError
 from torchtitan.parallel.pipeline import _step_accepts_return_outputs
 
@@ -60,9 +61,10 @@ def load_validation_batches(cfg, tokenizer, dims, dp_rank: int) -> list[tuple[to
     """This dp rank's micro-batches (CPU int64 [local_batch_size, seq_len] pairs) of the fixed validation set."""
     v, t = cfg.validation, cfg.training
     g = validation_global_batch(cfg, dims)
+    dataset, dataset_path, key = validation_source(cfg)
     loader = build_dataloader(
-        dataset=v.dataset or cfg.data.dataset,
-        dataset_path=v.dataset_path,
+        dataset=dataset,
+        dataset_path=dataset_path,
         text_field=cfg.data.text_field,
         tokenizer=tokenizer,
         dp_rank=0,
@@ -71,7 +73,7 @@ def load_validation_batches(cfg, tokenizer, dims, dp_rank: int) -> list[tuple[to
         seq_len=t.seq_len,
         split=v.split,
         infinite=False,
-        key="validation" if v.dataset or v.dataset_path else "data",
+        key=key,
     )
     batches = list(itertools.islice(loader, v.steps))
     if len(batches) < v.steps:

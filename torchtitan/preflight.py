@@ -130,8 +130,10 @@ def check_validation_data(cfg) -> str:
     v = cfg.validation
     if not v.enable:
         return "validation off"
-    key = "validation" if v.dataset or v.dataset_path else "data"
-    where = _check_source(v.dataset or cfg.data.dataset, v.dataset_path, v.split, cfg.data.text_field, key)
+    from torchtitan.data.dataset import validation_source
+
+    dataset, dataset_path, key = validation_source(cfg)
+    where = _check_source(dataset, dataset_path, v.split, cfg.data.text_field, key)
     return f"split {v.split} of {where}"
 
 

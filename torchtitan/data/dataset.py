@@ -239,6 +239,14 @@ def _open_source(dataset: str, dataset_path: str | None, split: str, key: str = 
     return ds, files, f"{key}.dataset {dataset}"
 
 
+def validation_source(cfg) -> tuple[str, str | None, str]:
+    """The held-out source as (dataset, dataset_path, key): validation.dataset / validation.dataset_path, falling
+    back to data.dataset; `key` is the config section its errors name (validation when either is set, else data)."""
+    v = cfg.validation
+    key = "validation" if v.dataset or v.dataset_path else "data"
+    return v.dataset or cfg.data.dataset, v.dataset_path, key
+
+
 def _check_text_field(ds, text_field: str, where: str, files=None) -> None:
     columns = ds.column_names  # known up front for parquet; json/text only reveal it on the first row
     if columns is None:
