@@ -4,7 +4,8 @@ The peak is the larger of two moments:
   backward start  all saved activations of the micro-batches in flight, the loss buffers, FSDP's gathered and
                   gradient buffers, the sharded states (and the sharded gradients when several micro-steps
                   accumulate into them);
-  optimizer step  parameters, gradients, both AdamW moments and the optimizer's temporaries.
+  optimizer step  parameters, gradients, both AdamW moments and the optimizer's temporaries (foreach: one fp32
+                  copy of the parameters; fused: none).
 Figures are what CUDA's caching allocator reserves (torch.cuda.max_memory_reserved, what the trainer logs as
 memory/max_reserved_gib): allocated bytes x (1 + fragmentation) + fixed pools. On CPU the figure is the process's
 resident set: the measured runtime baseline (Python, torch, data libraries) plus the allocated bytes.
@@ -28,6 +29,11 @@ KEYS = (
 
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 MASTER_BYTES = 4  # FSDP keeps parameters (and their gradients) in fp32: the optimizer's master copy
+# Temporaries of one AdamW step, bytes per parameter, by implementation (torch/optim/adam.py, shared by AdamW):
+# foreach (`_multi_tensor_adam`) allocates `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`, an fp32
+# copy of every parameter of the device group at once, then updates in place; fused (`torch._fused_adamw_`, one
+# multi-tensor kernel) and for-loop (one parameter's temporary at a time) keep none of the model's size.
+ADAMW_TEMP_BYTES = {"foreach": 4, "fused": 0, "for-loop": 0}
 
 
 def in_flight_passes(plan: Plan, rank: int) -> float:
@@ -186,9 +192,11 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         f8 = 2 * tokens * widest  # 1 byte each, plus the transposed copy for the weight gradient
 
     backward_start = params + states + grads + acts + logits + fsdp + f8
-    optimizer_phase = params + states + MASTER_BYTES * p_local * 2  # gradients + foreach temporaries
+    # gradients + the optimizer's temporaries (reported under "gradients")
+    step_grads = (MASTER_BYTES + ADAMW_TEMP_BYTES.get(plan.cfg.optimizer.implementation, 4)) * p_local
+    optimizer_phase = params + states + step_grads
     if optimizer_phase > backward_start:
-        parts = {"parameters": params, "gradients": 2 * MASTER_BYTES * p_local, "optimizer_states": states}
+        parts = {"parameters": params, "gradients": step_grads, "optimizer_states": states}
         parts.update({k: 0.0 for k in ("activations", "logits_loss", "fsdp_buffers", "float8_extras")})
     else:
         parts = {
