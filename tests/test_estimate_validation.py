@@ -29,11 +29,6 @@ _PP_MEM = (
     " the estimate matches within 1 %; the model's states, the stage's unsharded gradient accumulation and 8"
     " in-flight micro-batches of 15-16 fully checkpointed blocks do not explain the 1F1B rank's extra 12.6 GiB"
 )
-_TORCHAO_H100 = (
-    "torchao's 2025-02 H100 table, tensorwise: +15.0 % (the 2025-01 table's same run, 7,690 tokens/s, is within"
-    " +8 %; the two tables' bf16 runs differ by 2 %, their tensorwise runs by 7 %): the 2025-02 figure is the"
-    " slower of two published runs of one configuration"
-)
 _MI300X = (
     "MI300X: the published GEMM MAMF (668 TFLOPS) was measured with PYTORCH_TUNABLEOP_ENABLED=1, the torchtitan run"
     " did not tune; no published flash-attention figure for ROCm SDPA is used (the H100 FA2 fraction is assumed)"
@@ -72,7 +67,6 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ): "CP 4 at 128K: the published throughput per FLOP drops ~20 % more"
     " than attention efficiency and exposed K/V all-gathers explain (CP 1 and 2 fit)",
     ("h100_8b_cp8_256k", "tokens/s/device"): "CP 8 at 256K: same as CP 4",
-    ("h100_8b_fsdp8_b1_tensorwise_torchao_2025_02", "tokens/s/device"): _TORCHAO_H100,
     **{
         (f"mi300x_8b_fsdp8_b1_{r}_torchao", "tokens/s/device"): _MI300X
         for r in ("bf16", "tensorwise", "rowwise")
