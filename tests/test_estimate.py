@@ -189,6 +189,23 @@ def test_memory_and_time_respond_to_each_technique():
     assert cp["step_time_breakdown_s"]["cp_comm_exposed"] > 0
 
 
+def test_optimizer_step_peak_counts_the_kernels_temporaries():
+    """One GPU, 8B cut to 16 layers, full AC: the peak is the optimizer step. foreach AdamW allocates an fp32 copy
+    of every parameter (torch._foreach_sqrt of exp_avg_sq); the fused kernel and the for-loop keep none."""
+    argv = ["--model.flavor=8B", "--model.n_layers=16", "--training.seq_len=2048", "--training.local_batch_size=1",
+            "--activation_checkpoint.mode=full", "--estimate.num_devices=1"]  # fmt: skip
+    out = {
+        impl: estimate(*argv, f"--optimizer.implementation={impl}")
+        for impl in ("fused", "foreach", "for-loop")
+    }
+    m = {k: v["memory_breakdown_gib"] for k, v in out.items()}
+    assert m["fused"]["activations"] == 0  # the optimizer step is the peak in all three
+    assert m["fused"]["gradients"] == pytest.approx(m["fused"]["parameters"])  # fp32 gradients, nothing more
+    assert m["foreach"]["gradients"] == pytest.approx(2 * m["foreach"]["parameters"])
+    assert m["for-loop"]["gradients"] == pytest.approx(m["fused"]["gradients"])
+    assert out["foreach"]["memory_gib"] > out["fused"]["memory_gib"]
+
+
 def test_activation_formulas_per_mode():
     for tp, sp in ((1, False), (8, True)):
         s = BlockShape(
