@@ -25,9 +25,10 @@ REF = load_reference()
 CV = cross_validated(REF)
 
 _PP_MEM = (
-    "405B 1F1B on PP 8: the published peak (the maximum over all GPUs) is 10 GiB above its interleaved twin's, which"
-    " the estimate matches within 1 %; the model's states, the stage's unsharded gradient accumulation and 8"
-    " in-flight micro-batches of 15-16 fully checkpointed blocks do not explain the 1F1B rank's extra 12.6 GiB"
+    "405B 1F1B on PP 8 with float8 all-gather: the published peak (the maximum over all GPUs) is 82.5 GiB, 10 GiB"
+    " above its interleaved twin's (estimated within 10 %); the model's states, the stage's unsharded float8"
+    " weights and fp32 gradient accumulation and 8 in-flight micro-batches of 15-16 fully checkpointed blocks"
+    " leave 18 GiB of the 1F1B rank unexplained"
 )
 _MI300X = (
     "MI300X: the published GEMM MAMF (668 TFLOPS) was measured with PYTORCH_TUNABLEOP_ENABLED=1, the torchtitan run"
@@ -97,7 +98,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.5 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 5.7 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
