@@ -86,8 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     from torchtitan.checkpoint import EXIT_PREEMPTED
 
     args = parse_args(argv)
-    handled = [s.strip() for s in args.signals_to_handle.split(",")]
-    args.signals_to_handle = ",".join(s for s in handled if s not in FORWARDED_SIGNALS)
+    # torchrun installs a handler for each signal in this list when it starts the workers (its default:
+    # SIGTERM,SIGINT,SIGHUP,SIGQUIT); leave ours out of it. (torch versions without the option read the variable.)
+    default = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    handled = [s.strip() for s in getattr(args, "signals_to_handle", default).split(",")]
+    kept = ",".join(s for s in handled if s not in FORWARDED_SIGNALS)
+    args.signals_to_handle = os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = kept
     for name in FORWARDED_SIGNALS:
         signal.signal(getattr(signal, name), _forward_to_workers)
     try:
