@@ -22,7 +22,7 @@ from torchtitan.launch import exit_code_of
 from torchtitan.metrics import read_tensorboard_scalars
 
 WALK_HEADING = "## A first run, step by step"
-QUICK = "--training.steps=3"  # the README: "add --training.steps=10 (or fewer) for a quicker look"
+QUICK = "--training.steps=3"  # the override the README gives for a quicker look (--training.steps=10)
 STEPS = [
     "./run_train.sh",
     "tensorboard",
@@ -129,6 +129,19 @@ def test_readme_walk_runs_as_written(tmp_path):
             out = repo / argv[argv.index("--out") + 1]
             for name in ("loss", "throughput", "mfu"):
                 assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_generate_after_a_run_without_checkpoints_names_the_flag(tmp_path):
+    """The README's generate command after a plain `./run_train.sh` (no --checkpoint.enable=true): one line that
+    says why there is nothing to load and which flag saves it."""
+    from torchtitan.errors import UserError
+    from torchtitan.generate.loader import find_checkpoint
+
+    (tmp_path / "config.toml").write_text("")  # what every run writes into its dump folder
+    with pytest.raises(UserError, match=r"saved no checkpoint .*--checkpoint\.enable=true"):
+        find_checkpoint(str(tmp_path / "checkpoint"))
+    with pytest.raises(UserError, match="does not exist or is not a folder"):  # anything else: as before
+        find_checkpoint(str(tmp_path / "elsewhere" / "checkpoint"))
 
 
 def test_launcher_exit_code_is_the_workers_common_one():
