@@ -157,6 +157,11 @@ def test_launcher_exit_code_is_the_workers_common_one():
     assert exit_code_of(failures(2)) == 2
     assert exit_code_of(failures(-signal.SIGKILL, -signal.SIGKILL)) == 128 + signal.SIGKILL
     assert exit_code_of(failures(75, 1)) is None
+    # torchrun SIGTERMs the rest once one worker has ended: a rank still leaving after the last barrier dies of it
+    assert exit_code_of(failures(75, -signal.SIGTERM)) == 75
+    assert exit_code_of(failures(-signal.SIGTERM, 2)) == 2
+    assert exit_code_of(failures(-signal.SIGTERM, -signal.SIGTERM)) == 128 + signal.SIGTERM
+    assert exit_code_of(failures(-signal.SIGKILL, 75)) is None  # a kill -9 is not explained away
 
 
 @pytest.mark.slow
@@ -188,7 +193,7 @@ def test_run_train_sh_preempted_exits_75(tmp_path):
             break
     out = "".join(seen) + p.stdout.read()
     assert p.wait(timeout=300) == 75, out[-5000:]
-    assert "exiting 75" in out and "every worker exited 75" in out
+    assert "exiting 75" in out and "the workers exited 75" in out
     assert "Traceback" not in out and "SignalException" not in out, out[-5000:]
     (saved,) = steps_in(tmp_path)  # one committed checkpoint, of the step the run stopped at
     assert 2 <= saved < 50 and f"checkpoint saved at step {saved}; exiting 75" in out

@@ -7,8 +7,8 @@ process) with two differences that matter when a run is stopped from outside:
   saves at the next check step and exits 75, however long the save takes. torchrun itself would raise
   SignalException, send the workers the signal, SIGKILL them after its shutdown timeout (30 s by default, possibly
   in the middle of the save) and exit 1 with a traceback.
-- The launcher exits with the workers' exit code when every failed worker exited with the same one (75 preempted,
-  2 bad input, 3 hang or non-finite loss, 4 out of memory: docs/launching.md, "Exit codes"); torchrun exits 1
+- The launcher exits with the workers' exit code when the failed workers agree on one (75 preempted, 2 bad input,
+  3 hang or non-finite loss, 4 out of memory: docs/launching.md, "Exit codes"; see exit_code_of); torchrun exits 1
   whatever they said. Failures with different codes still exit 1, with torchrun's failure summary.
 """
 
@@ -74,8 +74,14 @@ def _forward_to_workers(signum, frame):
 
 
 def exit_code_of(failures: dict) -> int | None:
-    """The workers' common exit code (a death by signal N reads 128 + N, as in a shell), or None if they differ."""
-    codes = {f.exitcode if f.exitcode >= 0 else 128 - f.exitcode for f in failures.values()}
+    """The failed workers' common exit code, or None if they differ. A death by signal N reads 128 + N, as in a
+    shell. Workers that died of SIGTERM beside one that exited with a code of its own do not count: torchrun
+    SIGTERMs the other workers as soon as the first one ends, and a trainer that has returned from training (after
+    the ranks' last barrier, e.g. saved and preempted) no longer handles SIGTERM, so who dies of it is a race."""
+    codes = {f.exitcode for f in failures.values()}
+    if any(c > 0 for c in codes):
+        codes.discard(-signal.SIGTERM)
+    codes = {c if c >= 0 else 128 - c for c in codes}
     return codes.pop() if len(codes) == 1 else None
 
 
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         code = exit_code_of(e.failures)
         if code == EXIT_PREEMPTED:
             print(
-                f"[launch] every worker exited {code}: preempted after saving a checkpoint; rerun to resume",
+                f"[launch] the workers exited {code}: preempted after saving a checkpoint; rerun to resume",
                 file=sys.stderr,
             )
             return code
