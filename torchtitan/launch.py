@@ -61,9 +61,9 @@ def _forward_to_workers(signum, frame):
     workers = child_pids(os.getpid())
     if not workers:
         # No worker yet (still in the rendezvous): stop the way torchrun does rather than swallow the signal.
-        from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+        from torch.distributed.elastic.multiprocessing import SignalException
 
-        _terminate_process_handler(signum, frame)
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
     name = signal.Signals(signum).name
     print(f"[launch] {name} received: passed on to the workers {workers}", file=sys.stderr, flush=True)
     for pid in workers:
