@@ -5,6 +5,7 @@
 #   CONFIG_FILE=train_configs/llama3_8b.toml NGPU=8 ./run_train.sh --training.steps=50
 #   LOG_RANK=0,1 ./run_train.sh                               # which ranks print to the console ("all" = every rank)
 #   ./run_train.sh --help                                     # every config option
+#   kill -TERM <pid of this script>                           # trainers save (checkpoint.enable=true), exit 75
 #
 # Environment: CONFIG_FILE (default train_configs/debug_model.toml), NGPU or NPROC (processes on this node),
 # LOG_RANK (default 0), PYTORCH_ALLOC_CONF (on GPUs default expandable_segments:True). Extra arguments are config
@@ -32,5 +33,7 @@ export LOG_RANK="${LOG_RANK:-0}"
 "$PY" -m torchtitan.preflight --world_size "$NPROC" --job.config_file "$CONFIG_FILE" "$@" || exit $?
 for arg in "$@"; do [ "$arg" = "--help" ] || [ "$arg" = "-h" ] && exit 0; done
 
-exec "$PY" -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node "$NPROC" \
+# torchrun, run by torchtitan.launch: SIGTERM/SIGUSR1 to this script go to the trainers (which save and exit 75), and
+# the script exits with the trainers' exit code (torchrun alone would exit 1 whatever they said: docs/launching.md).
+exec "$PY" -m torchtitan.launch --standalone --nnodes 1 --nproc_per_node "$NPROC" \
     train.py --job.config_file "$CONFIG_FILE" "$@"

@@ -50,6 +50,12 @@ def find_checkpoint(path: str) -> tuple[str, Path]:
     """("dcp" | "hf", folder) for --checkpoint PATH; a checkpoint folder resolves to its newest committed step."""
     p = Path(path)
     if not p.is_dir():
+        # the checkpoint folder of a run's dump folder (config.toml is written by every run) that saved none
+        if not p.exists() and (p.parent / "config.toml").is_file():
+            raise UserError(
+                f"--checkpoint {path} does not exist: the run in {p.parent} saved no checkpoint (checkpointing is"
+                " off unless the run had --checkpoint.enable=true)"
+            )
         raise UserError(f"--checkpoint {path} does not exist or is not a folder")
     if (p / MARKER).is_file() or (p / ".metadata").is_file():
         return "dcp", p
