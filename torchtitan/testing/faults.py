@@ -3,7 +3,7 @@
 The tests run `train.py`, `torchrun` and the scripts as a user would; to make them hang, crash, run out of memory
 or fail a write at a chosen moment they set one of the variables below. Production code never reads them itself:
 it calls the function named for its point (`faults.hook_stall(step, rank)`, `faults.kill_at("save_marked", ...)`),
-which does nothing unless its variable is set. tests/test_faults_module.py fails if a TORCHTITAN_TEST_ variable is
+which does nothing unless its variable is set. tests/test_fault_hooks.py fails if a TORCHTITAN_TEST_ variable is
 read anywhere else in the package or is missing from VARIABLES; docs/testing.md lists the same variables.
 
     variable                           read by           effect
@@ -50,6 +50,9 @@ VARIABLES = (
     "TORCHTITAN_TEST_SYNC_DEBUG",
     "TORCHTITAN_TEST_OOM_ABOVE",
 )
+
+# Read by the tests' own harness, never by the package: tests/dist/train_instrumented.py writes its counters there.
+HARNESS_VARIABLES = ("TORCHTITAN_TEST_REPORT",)
 
 # Where kill_at is called: after a training step, and inside a checkpoint save (in the order a save passes them).
 KILL_POINTS = (
