@@ -1,8 +1,8 @@
 """Asynchronous saves: the stager that copies the state off the device, and the record of a save in flight.
 
 An async save (checkpoint.async_mode = "async") blocks the loop only while the state is staged (copied to host
-memory); DCP writes it in a background thread, and the manager commits it when it has finished (docs/checkpointing.md,
-"Async saves"). One stager serves all saves of a run, so the staging copy is allocated once: that needs a torch
+memory); DCP writes it in a background thread, and the manager commits it when it has finished
+(docs/checkpointing.md, "Async save"). One stager serves all saves of a run, so the staging copy is allocated once: that needs a torch
 whose DefaultStager can stage more than once, which `stager_survives_reuse` probes.
 """
 
