@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-from torchtitan.checkpoint import CheckpointManager  # noqa: E402
-from torchtitan.checksums import ChecksumWriter  # noqa: E402
+from torchtitan.checkpoint import CheckpointManager, ChecksumWriter  # noqa: E402
 from torchtitan.config import parse_args  # noqa: E402
 from torchtitan.models import get_model_class, model_args_from_config  # noqa: E402
 from torchtitan.optim import build_lr_scheduler, build_optimizer  # noqa: E402

@@ -9,7 +9,7 @@ Our variants load as scripts/generate.py does: bf16 on a CPU without bf16 instru
 torchtitan/parallel/cpu_bf16.py (training.cpu_bf16_fp32_kernels); `ours-torch-kernels` is ours with them off.
 
 One random LlamaForCausalLM (transformers' own init) is built for the shape; our model gets the same tensors
-through the converter (torchtitan/checkpoint_hf.py), in the same dtype, on the same threads. Every prompt has
+through the converter (torchtitan/checkpoint/hf.py), in the same dtype, on the same threads. Every prompt has
 the same length (no padding, so transformers takes its fastest path) and every run generates exactly
 --new tokens (EOS cannot stop it: transformers gets min_new_tokens, ours an EOS id that never occurs).
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from torchtitan.checkpoint_hf import hf_config_from_model_args, hf_to_ours  # noqa: E402
+from torchtitan.checkpoint.hf import hf_config_from_model_args, hf_to_ours  # noqa: E402
 from torchtitan.generate import generate, make_decode_step, quantize_weights  # noqa: E402
 from torchtitan.generate.loader import DTYPES, model_from_state_dict  # noqa: E402
 from torchtitan.models.llama3 import get_model_args  # noqa: E402

@@ -18,7 +18,7 @@ What each side runs:
   trainer  `python train.py` (train_configs/debug_model.toml + the flavor, batch and dtype given here), measured
            by its own metrics (tokens/s per device, median over `--interval`-step intervals after `--warmup`).
   HF       LlamaForCausalLM (attn_implementation="sdpa": its default, SDPA's fused attention kernels)
-           built from the same ModelArgs (torchtitan.checkpoint_hf) and loaded with the trainer's initial
+           built from the same ModelArgs (torchtitan.checkpoint.hf) and loaded with the trainer's initial
            weights, fed the trainer's data stream; the loop a user writes: forward under
            torch.autocast(bfloat16) for bf16 (what HF's Trainer does with bf16=True), logits upcast to fp32 for
            the cross-entropy, backward, torch.nn.utils.clip_grad_norm_ (max_norm from the config), torch AdamW
@@ -58,7 +58,7 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
     import torch.nn.functional as F
     import transformers
 
-    from torchtitan.checkpoint_hf import hf_config_from_model_args, ours_to_hf
+    from torchtitan.checkpoint.hf import hf_config_from_model_args, ours_to_hf
     from torchtitan.config import parse_args
     from torchtitan.data import build_dataloader, build_tokenizer
     from torchtitan.models import get_model_class, model_args_from_config

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from torchtitan.checkpoint_hf import dcp_to_hf, model_args_from_hf_config  # noqa: E402
+from torchtitan.checkpoint.hf import dcp_to_hf, model_args_from_hf_config  # noqa: E402
 from torchtitan.errors import UserError  # noqa: E402
 from torchtitan.models import build_model_args  # noqa: E402
 

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from torchtitan.checkpoint_hf import hf_to_dcp  # noqa: E402
+from torchtitan.checkpoint.hf import hf_to_dcp  # noqa: E402
 from torchtitan.errors import UserError  # noqa: E402
 
 

@@ -202,7 +202,7 @@ def c_hf_logits(ctx: Ctx) -> str:
         raise CheckFailed(f"convert_dcp_to_hf.py exited {r.returncode}")
     code = f"""
 import torch, transformers
-from torchtitan.checkpoint_hf import load_dcp_model
+from torchtitan.checkpoint.hf import load_dcp_model
 from torchtitan.models import build_model_args, get_model_class
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False

@@ -13,8 +13,9 @@ import sys
 import pytest
 
 from conftest import CKPT_ARGS, CKPT_ARGS2, CKPT_STEPS, ROOT, losses, run_train, steps_in, train_env
-from torchtitan.checkpoint import EXIT_PREEMPTED, verify_checkpoint
+from torchtitan.checkpoint import verify_checkpoint
 from torchtitan.errors import UserError
+from torchtitan.host_sync import EXIT_PREEMPTED
 from torchtitan.launch import local_command
 from torchtitan.metrics import read_tensorboard_scalars
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY, run_train
-from torchtitan.checkpoint_hf import dcp_to_hf, hf_to_dcp, load_dcp_model, read_hf_checkpoint
+from torchtitan.checkpoint.hf import dcp_to_hf, hf_to_dcp, load_dcp_model, read_hf_checkpoint
 from torchtitan.models.llama3 import Transformer
 
 transformers = pytest.importorskip("transformers")

@@ -97,7 +97,7 @@ def remount(path, mode: str) -> None:
 def test_checksums_are_computed_while_writing_and_equal_the_files(straight1):
     """The marker's checksums (hashed as the bytes were written, carried to rank 0 by DCP's gather) equal a
     fresh read of each file, and every file of the checkpoint is listed."""
-    from torchtitan.checksums import file_checksum
+    from torchtitan.checkpoint.checksums import file_checksum
 
     for step in (3, 6):
         path = straight1 / "checkpoint" / f"step-{step}"
@@ -303,7 +303,7 @@ def test_tokenizer_replaced_between_save_and_resume(tmp_path):
 def test_checkpoint_of_another_model_is_one_line_naming_the_parameter(tmp_path):
     """A converted checkpoint of a narrower model (dim 128, 2 layers) given as initial_load_path to a
     debugmodel run: stopped before DCP's planner with both shapes and the checkpoint's recorded model."""
-    from torchtitan.checkpoint_hf import hf_config_from_model_args, hf_to_dcp, ours_to_hf, write_hf_checkpoint
+    from torchtitan.checkpoint.hf import hf_config_from_model_args, hf_to_dcp, ours_to_hf, write_hf_checkpoint
     from torchtitan.models.llama3 import ModelArgs, Transformer
 
     args = ModelArgs(dim=128, n_layers=2, n_heads=8, n_kv_heads=4, vocab_size=2048, max_seq_len=64)
@@ -358,7 +358,7 @@ def test_model_fix_names_the_flags_to_set():
     """The advice of the message above, for recorded models that a config can match."""
     import dataclasses
 
-    from torchtitan.checkpoint import _model_fix
+    from torchtitan.checkpoint.compat import _model_fix
     from torchtitan.config import parse_args
     from torchtitan.models import build_model_args
 
@@ -391,7 +391,7 @@ def test_model_fix_names_the_flags_to_set():
 
 
 def test_hf_conversion_outputs_carry_checksums(tmp_path):
-    from torchtitan.checkpoint_hf import (
+    from torchtitan.checkpoint.hf import (
         dcp_to_hf,
         hf_config_from_model_args,
         hf_to_dcp,
@@ -529,7 +529,8 @@ def test_unwritable_outputs_fail_before_any_process_group(tmp_path):
 
 
 def test_preflight_warns_when_checkpoints_will_not_fit(tmp_path, monkeypatch, capsys):
-    from torchtitan import checkpoint, preflight
+    from torchtitan import preflight
+    from torchtitan.checkpoint import folder as checkpoint
 
     monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 100 * 2**20)
     code = preflight.main(
@@ -623,7 +624,7 @@ def test_a_stager_torch_cannot_reuse_is_replaced_at_every_save(monkeypatch):
     import torch
     from torch.distributed.checkpoint.staging import BlockingAsyncStager, DefaultStager
 
-    from torchtitan import checkpoint
+    from torchtitan.checkpoint import staging as checkpoint
 
     first = checkpoint.build_stager()
     assert first is not None, "torch without DefaultStager"

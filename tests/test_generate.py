@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 
 from conftest import ROOT, run_script, train_env
 from torchtitan.checkpoint import write_marker
-from torchtitan.checkpoint_hf import hf_to_dcp
+from torchtitan.checkpoint.hf import hf_to_dcp
 from torchtitan.config import JobConfig
 from torchtitan.errors import UserError
 from torchtitan.generate import (

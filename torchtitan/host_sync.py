@@ -5,7 +5,7 @@ queued before it, so the host stops running ahead and the next step starts with 
 reads device values only on *check steps*: log steps (step 1, every metrics.log_freq-th, the last), checkpoint
 steps, and every step when training.skip_nonfinite_steps is on. Every such read goes through `to_host`, which
 counts its calls (tests assert there are none on other steps), and on CUDA the test hook
-TORCHTITAN_TEST_SYNC_DEBUG=1 turns any synchronization on the other steps into an error
+torchtitan.testing.faults.forbid_syncs turns any synchronization on the other steps into an error
 (torch.cuda.set_sync_debug_mode).
 
 `StepChecks` carries what used to need a read and a collective every step:
@@ -16,14 +16,20 @@ TORCHTITAN_TEST_SYNC_DEBUG=1 turns any synchronization on the other steps into a
     every rank stops (and saves) at the same step, at most metrics.log_freq steps after the signal.
   * a failed background (async) checkpoint save joins that all-reduce, so every rank reports it at the same check
     step (checkpoint steps are check steps: at the latest when the next save would start).
+What those checks stop the run with is defined here too: NonFiniteError (exit 3) and, after the preemption save,
+EXIT_PREEMPTED (75).
 """
 
 from __future__ import annotations
 
-import os
+import signal
 
 import torch
 import torch.distributed as dist
+
+from torchtitan.errors import UserError
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL from sysexits.h: "temporary failure, try again" = preempted, resumable
 
 reads = 0  # calls of to_host since the process started
 
@@ -38,10 +44,24 @@ def to_host(*tensors: torch.Tensor) -> list[float]:
     return torch.stack([t.detach().reshape(()).to(device, torch.float64) for t in tensors]).tolist()
 
 
-def forbid_syncs(forbid: bool, device: torch.device) -> None:
-    """Test hook TORCHTITAN_TEST_SYNC_DEBUG=1 (CUDA only): any host-device sync while `forbid` raises an error."""
-    if device.type == "cuda" and os.environ.get("TORCHTITAN_TEST_SYNC_DEBUG") == "1":
-        torch.cuda.set_sync_debug_mode("error" if forbid else "default")
+class NonFiniteError(UserError):
+    """Training produced a NaN/inf loss or gradient norm: stop (one line, exit code 3), write nothing."""
+
+    exit_code = 3
+
+
+class PreemptionFlag:
+    """SIGTERM / SIGUSR1 (what SLURM sends before preemption or the time limit) only set a flag; the trainer checks
+    it on check steps (StepChecks.agree), saves, and exits with EXIT_PREEMPTED. A handler never saves by itself:
+    the signal can arrive in the middle of a collective, and every rank must save at the same step."""
+
+    def __init__(self):
+        self.signum = 0
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.signum = signum
 
 
 class StepChecks:

@@ -23,6 +23,7 @@ import torch
 
 from torchtitan.errors import UserError
 from torchtitan.log import logger
+from torchtitan.testing import faults
 
 EXIT_OOM = 4  # out of device memory; the snapshot's path is in the message (docs/launching.md, exit codes)
 _HISTORY_ENTRIES = 100_000  # allocation events kept: enough for several steps of a large model
@@ -79,7 +80,7 @@ class Profiler:
         if self.step_num in self.memory_steps:
             self._memory_end(self.step_num)
         self._memory_begin(self.step_num + 1)
-        hook_oom(self.step_num, self.rank)
+        faults.oom_at(self.step_num, self.rank)
 
     def stop(self) -> None:
         if self.prof is not None:
@@ -159,14 +160,3 @@ def oom_message(e: BaseException, rank: int, step: int, path: str | None) -> str
         f"rank {rank}: out of memory in step {step}: {first}; {where}; lower training.local_batch_size, enable"
         " activation_checkpoint.mode or shard more (parallelism.*)"
     )
-
-
-def hook_oom(step: int, rank: int) -> None:
-    """Test hook: TORCHTITAN_TEST_OOM_AT_STEP=N raises an out-of-memory error at the end of step N (on
-    TORCHTITAN_TEST_RANK only, if set), so the handler runs on a machine without a GPU."""
-    at = os.environ.get("TORCHTITAN_TEST_OOM_AT_STEP")
-    only = os.environ.get("TORCHTITAN_TEST_RANK")
-    if at and int(at) == step and (not only or int(only) == rank):
-        raise torch.cuda.OutOfMemoryError(
-            f"CUDA out of memory (test hook TORCHTITAN_TEST_OOM_AT_STEP={step}). Tried to allocate 2.00 GiB"
-        )

@@ -19,22 +19,13 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from torchtitan.checkpoint import (
-    EXIT_PREEMPTED,
-    CheckpointManager,
-    NonFiniteError,
-    PreemptionFlag,
-    check_resume_target,
-    fault_hook,
-    nan_hook_step,
-    space_warning,
-)
+from torchtitan.checkpoint import CheckpointManager, check_resume_target, space_warning
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.data import build_dataloader, build_tokenizer, check_vocab
 from torchtitan.disk import check_output_paths
 from torchtitan.errors import UserError
 from torchtitan.evaluate import Evaluator
-from torchtitan.host_sync import StepChecks, forbid_syncs, to_host
+from torchtitan.host_sync import EXIT_PREEMPTED, NonFiniteError, PreemptionFlag, StepChecks, to_host
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, cpu_bf16_warning, resolve_peak
 from torchtitan.metrics.goodput import PROGRESS_FILE, GoodputTracker
@@ -62,12 +53,11 @@ from torchtitan.quantize.float8 import build_scale_precompute, float8_flops_per_
 from torchtitan.runtime_env import set_env_defaults
 from torchtitan.simulate import Simulation
 from torchtitan.simulate import enabled as simulating
+from torchtitan.testing import faults
 from torchtitan.watchdog import (
     Watchdog,
     comm_failure_message,
     die,
-    hook_slow_data,
-    hook_stall,
     is_comm_failure,
     last_completed_step,
 )
@@ -308,19 +298,19 @@ def train(cfg: JobConfig) -> int:
     # (compile, warm-up, lazy init); the training timeout takes over once it has completed.
     set_collective_timeout(cfg.comm.init_timeout_seconds)
     checks = StepChecks(device, ignore_nonfinite=sim is not None)
-    nan_step = nan_hook_step()
+    nan_step = faults.nan_step()
     watchdog = Watchdog(cfg.comm.watchdog_timeout_seconds, cfg.comm.init_timeout_seconds, rank)
 
     # ---- train -------------------------------------------------------------------------------------------------
     profiler = Profiler(cfg, rank, dump, start_step)
-    data_iter = hook_slow_data(iter(dataloader), rank)
+    data_iter = faults.slow_data(iter(dataloader), rank)
     for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
             gc.collect(1)
         # Check steps read device values on the host and agree across ranks; the others never wait for the device.
         check_step = t.skip_nonfinite_steps or metrics.should_log(step) or ckpt.should_save(step, t.steps)
-        forbid_syncs(not check_step, device)  # test hook: on CUDA, a sync outside check steps raises
-        hook_stall(step, rank)
+        faults.forbid_syncs(not check_step, device)  # test hook: on CUDA, a sync outside check steps raises
+        faults.hook_stall(step, rank)
         if sim:
             sim.step_start(device)
         optimizer.zero_grad(set_to_none=True)
@@ -381,7 +371,7 @@ def train(cfg: JobConfig) -> int:
         if metrics.record_step(step, loss, grad_norm, lr, data_time) is not None:
             logger.info(metrics.last_line)
         profiler.step()
-        fault_hook("step_end", step, rank, before=ckpt.wait)
+        faults.kill_at("step_end", step, rank, before=ckpt.wait)
         if ckpt.should_save(step, t.steps) or (signum and cfg.checkpoint.enable):
             last = step == t.steps and cfg.checkpoint.last_save_model_only
             with goodput.phase("checkpoint_save"):

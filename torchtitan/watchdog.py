@@ -1,4 +1,4 @@
-"""Turn hangs into loud exits: a step watchdog, the one-line timeout message, and test hooks that cause hangs.
+"""Turn hangs into loud exits: a step watchdog and the one-line timeout message.
 
 A distributed job that hangs costs its whole allocation until someone notices. Every rank runs a watchdog thread:
 when no training step has completed for `comm.watchdog_timeout_seconds`, it writes every thread's Python stack to
@@ -17,6 +17,7 @@ import threading
 import time
 
 from torchtitan.log import logger
+from torchtitan.testing.faults import never_join as hook_never_join  # noqa: F401 (parallel/distributed.py calls it)
 
 HANG_EXIT_CODE = 3  # watchdog fired, or a rendezvous / collective timed out (documented in docs/launching.md)
 
@@ -160,49 +161,3 @@ class Watchdog:
                     f"watchdog: rank {self.rank} hung after step {last} (no step for {self.timeout_s:.0f} s, "
                     f"comm.watchdog_timeout_seconds); stacks are in the rank logs"
                 )
-
-
-# ---- test hooks: deliberate hangs, driven by environment variables so the tests run the real entry point ----
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value else None
-
-
-def _hook_applies(rank: int) -> bool:
-    only = _env_int("TORCHTITAN_TEST_RANK")
-    return only is None or only == rank
-
-
-def hook_never_join(rank: int) -> None:
-    """TORCHTITAN_TEST_NEVER_JOIN=1: this rank (or TORCHTITAN_TEST_RANK only) never reaches the rendezvous."""
-    if os.environ.get("TORCHTITAN_TEST_NEVER_JOIN") == "1" and _hook_applies(rank):
-        logger.warning("test hook: rank %d will never join", rank)
-        time.sleep(10**6)
-
-
-def hook_stall(step: int, rank: int) -> None:
-    """TORCHTITAN_TEST_STALL_AT_STEP=N: sleep in step N (TORCHTITAN_TEST_STALL_SECONDS, default forever)."""
-    if _env_int("TORCHTITAN_TEST_STALL_AT_STEP") == step and _hook_applies(rank):
-        seconds = float(os.environ.get("TORCHTITAN_TEST_STALL_SECONDS", 10**6))
-        logger.warning("test hook: rank %d stalls in step %d for %.0f s", rank, step, seconds)
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:  # short sleeps: a signal handler (preemption) can run in between
-            time.sleep(min(1.0, end - time.monotonic()))
-
-
-def hook_slow_data(batches, rank: int):
-    """TORCHTITAN_TEST_SLOW_DATA_SECONDS=S: every batch this rank (TORCHTITAN_TEST_RANK only, if set) fetches
-    takes S seconds longer: a straggler, for the straggler report's test. Returns `batches` itself otherwise."""
-    seconds = float(os.environ.get("TORCHTITAN_TEST_SLOW_DATA_SECONDS") or 0)
-    if seconds <= 0 or not _hook_applies(rank):
-        return batches
-    logger.warning("test hook: rank %d fetches every batch %.2f s slower", rank, seconds)
-
-    def slow():
-        for batch in batches:
-            time.sleep(seconds)
-            yield batch
-
-    return slow()

@@ -20,7 +20,6 @@ every row has stopped or N tokens are reached.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import torch
 from torchtitan.errors import UserError
 from torchtitan.generate.sampling import Sampling, sample
 from torchtitan.models.llama3.model import CacheStep, Transformer
+from torchtitan.testing import faults
 
 
 @dataclass
@@ -45,15 +45,6 @@ class Generation:
     @property
     def new_tokens(self) -> int:
         return sum(len(t) for t in self.tokens)
-
-
-def simulated_oom(batch_size: int) -> None:
-    """Test hook: TORCHTITAN_TEST_OOM_ABOVE=<n> makes a batch of more than n prompts fail with an OOM error."""
-    limit = os.environ.get("TORCHTITAN_TEST_OOM_ABOVE")
-    if limit is not None and batch_size > int(limit):
-        raise torch.OutOfMemoryError(
-            f"simulated out of memory for a batch of {batch_size} (TORCHTITAN_TEST_OOM_ABOVE={limit})"
-        )
 
 
 def make_decode_step(model: Transformer, compile: bool = False) -> Callable:
@@ -103,7 +94,7 @@ def generate(
             f" or set --model.max_seq_len"
         )
     cache_len = max(cache_len or needed, needed)
-    simulated_oom(batch)
+    faults.oom_above(batch)
 
     pad = torch.tensor([longest - len(p) for p in prompts], device=device)
     tokens = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)

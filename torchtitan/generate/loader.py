@@ -6,7 +6,7 @@ Checkpoints (`--checkpoint PATH`):
     a seed checkpoint, or a Hugging Face model converted by scripts/convert_hf_to_dcp.py (its config.json gives
     the shape); any other DCP folder with a `.metadata` file;
   * a checkpoint folder (`<dump_folder>/checkpoint`): its newest committed step;
-  * a Hugging Face Llama folder (config.json + safetensors), converted in memory (torchtitan/checkpoint_hf.py).
+  * a Hugging Face Llama folder (config.json + safetensors), converted in memory (torchtitan/checkpoint/hf.py).
 Without a config.json the shape is the job config's [model] section (flavor, vocab_size, max_seq_len), as in
 training.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from torchtitan.checkpoint import MARKER, committed_checkpoints, verify_checkpoint
-from torchtitan.checkpoint_hf import hf_to_ours, load_dcp_model, model_args_from_hf_config, read_hf_checkpoint
+from torchtitan.checkpoint.hf import hf_to_ours, load_dcp_model, model_args_from_hf_config, read_hf_checkpoint
 from torchtitan.config import JobConfig
 from torchtitan.errors import UserError
 from torchtitan.log import logger

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from torchtitan.checkpoint import MARKER, verify_checkpoint, write_marker
-from torchtitan.checksums import ChecksumWriter, bytes_checksum
+from torchtitan.checkpoint.checksums import ChecksumWriter, bytes_checksum
+from torchtitan.checkpoint.integrity import MARKER, verify_checkpoint, write_marker
 from torchtitan.errors import UserError
 from torchtitan.models.llama3.args import ModelArgs, RopeScaling
 

@@ -14,9 +14,7 @@ the marker, without another collective.
 
 from __future__ import annotations
 
-import errno
 import os
-import time
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,22 +72,6 @@ def file_checksum(path: str | os.PathLike, algorithm: str = DEFAULT_ALGORITHM) -
         while n := f.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
-
-
-# ------------------------------------------------------------------------------------------------ test hooks
-
-
-def _io_fault(step: int, rank: int | None) -> OSError | None:
-    """Test hook: TORCHTITAN_TEST_IO_ERROR="<ERRNO name>:<step>[:<rank>]" makes the first write of a checkpoint
-    data file fail with that OSError (e.g. EIO, ENOSPC, EROFS) at that step, for faults no test can cause for real."""
-    spec = os.environ.get("TORCHTITAN_TEST_IO_ERROR")
-    if not spec:
-        return None
-    parts = spec.split(":")
-    if int(parts[1]) != step or (len(parts) > 2 and int(parts[2]) != (rank or 0)):
-        return None
-    code = getattr(errno, parts[0])
-    return OSError(code, os.strerror(code))
 
 
 class _HashingStream:
@@ -187,15 +169,13 @@ class ChecksumWriter(FileSystemWriter):
 
     After a save, on the coordinator, `checksums` is {path relative to the checkpoint: (size, hex digest)} for
     every file any rank wrote through DCP (.distcp files and .metadata) plus the `extra_files` each rank passed
-    (files it wrote itself, e.g. its train_state JSON). `step` and `fault` serve the test hooks: `fault(rel)` runs
-    before the first byte of each data file (the trainer's SIGKILL point "save_data").
+    (files it wrote itself, e.g. its train_state JSON). `before_data_file(path)`, if given, runs before the first
+    byte of each data file (the manager calls torchtitan.testing.faults there).
     """
 
-    def __init__(
-        self, path, *, algorithm: str = DEFAULT_ALGORITHM, step: int = 0, extra_files=None, fault=None
-    ):
+    def __init__(self, path, *, algorithm: str = DEFAULT_ALGORITHM, extra_files=None, before_data_file=None):
         super().__init__(path)
-        self.algorithm, self.step, self.fault = algorithm, step, fault
+        self.algorithm, self.before_data_file = algorithm, before_data_file
         self.extra_files = dict(extra_files or {})
         self.written: dict[str, tuple[int, str]] = {}
         self.checksums: dict[str, tuple[int, str]] | None = None
@@ -207,14 +187,8 @@ class ChecksumWriter(FileSystemWriter):
         return self.errors[0] if self.errors else None
 
     def on_data_write(self, rel: str) -> None:
-        # Test hook: TORCHTITAN_TEST_SAVE_SECONDS=<s> makes each data file wait s seconds (slow storage).
-        time.sleep(float(os.environ.get("TORCHTITAN_TEST_SAVE_SECONDS", 0)))
-        err = _io_fault(self.step, self.rank)
-        if err is not None:
-            err.filename = str(Path(self.path) / rel)
-            raise err
-        if self.fault is not None:
-            self.fault(rel)
+        if self.before_data_file is not None:
+            self.before_data_file(str(Path(self.path) / rel))
 
     def reset(self, checkpoint_id=None) -> None:
         super().reset(checkpoint_id)

@@ -1,0 +1,1 @@
+"""Test-only code the package carries: torchtitan.testing.faults, the environment-driven fault hooks."""
