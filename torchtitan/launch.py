@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from torchtitan.checkpoint import EXIT_PREEMPTED
+    from torchtitan.host_sync import EXIT_PREEMPTED
 
     args = parse_args(argv)
     # torchrun installs a handler for each signal in this list when it starts the workers (its default:
