@@ -31,8 +31,11 @@ _PP_MEM = (
     " leave 18 GiB of the 1F1B rank unexplained"
 )
 _MI300X = (
-    "MI300X: the published GEMM MAMF (668 TFLOPS) was measured with PYTORCH_TUNABLEOP_ENABLED=1, the torchtitan run"
-    " did not tune; no published flash-attention figure for ROCm SDPA is used (the H100 FA2 fraction is assumed)"
+    "MI300X (+41..+45 %, the same for bf16, tensorwise and rowwise: float8's extra work is priced right, the"
+    " gap is common to all three): flash attention now at CK FA2's published MI300X plateaus (an upper bound for"
+    " SDPA's AOTriton) and float8 at hipBLASLt's published 8192^3 rate, but the bf16 GEMM rate is the MAMF measured"
+    " with PYTORCH_TUNABLEOP_ENABLED=1 (668 TFLOPS) and the torchtitan run did not tune; no untuned figure at these"
+    " shapes is published"
 )
 _A100 = (
     "A100 cluster of torchtitan's 2024 tables (network not described): priced as DGX A100 (8 x 200 Gb/s per node,"
@@ -99,7 +102,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.7 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 5.5 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
