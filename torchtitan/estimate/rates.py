@@ -10,11 +10,13 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             kernel in the forward, and in the backward cuBLAS with unit scales plus a separate rescale pass of
             the output (torchao does this because the CUTLASS kernel without fast accumulation is slow).
   attention FlashAttention-2 (torch SDPA's flash backend) forward and backward TFLOPS by sequence length, head
-            dim 128, from the FlashAttention-3 paper's H100 figures; the same power factor.
+            dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus);
+            the same power factor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -83,6 +85,22 @@ K_FILL = 128.0
 
 def shape_factor(m: float, n: float, k: float, sms: int) -> float:
     return _tile_utilization(m, n, sms) * k / (k + K_FILL)
+
+
+# MI300X float8 (no MAMF FP8 figure is published for it): hipBLASLt's own benchmark, f8_r, 8192x8192x8192, 907
+# TFLOPS on an MI300X (ROCm/hipBLASLt#1721, 2025-03-04, hipBLASLt develop 402603df, ROCm 6.3.1; the report says the
+# part was "fixed to 1005Mhz"), referred to the bf16 MAMF's best shape by the shape factor. Without it the FP8 rate
+# would be the bf16 fraction of the FP8 peak (1337 TFLOPS), which no measurement shows.
+MI300X_FP8_8192 = 907.0
+
+
+def _with_fp8_at(device: str, tflops: float, m: int, n: int, k: int) -> None:
+    src = GEMM_SOURCES[device]
+    at_best = tflops * shape_factor(*src.best_shape, src.sms) / shape_factor(m, n, k, src.sms)
+    GEMM_SOURCES[device] = dataclasses.replace(src, fp8_tflops=at_best)
+
+
+_with_fp8_at("MI300X", MI300X_FP8_8192, 8192, 8192, 8192)
 
 
 def power_exponent() -> float:
@@ -163,6 +181,15 @@ FA2_H100_BWD = (214.0, 260.0, 291.0, 310.0, 318.0, 322.0)  # non-causal (the pap
 # FLOPs/s on A100"; the H100 curve's shape is kept and scaled so that its 16K plateau is 73 % of 312 forward, the
 # backward keeping H100's backward/forward plateau ratio (322/370).
 FA2_A100_FWD_PLATEAU = 0.73
+# MI300X: FlashAttention-2 on ROCm (Composable Kernel), MI300X, ROCm 6.3.2, bf16, head dim 128, non-causal, one
+# sequence of 16384 (ROCm/flash-attention#142, 2025-05-18, its benchmark_flash_attention.py): forward 353.22,
+# backward 194.43 TFLOPS, i.e. 0.27 and 0.15 of the 1307 TFLOPS peak where the H100's FA2 sustains 0.37 and 0.33 of
+# 989. torch's SDPA on ROCm runs AOTriton's kernels, which published comparisons put at or below CK's (so these
+# are an upper bound for SDPA). The H100 curve's shape over sequence length is kept; forward and backward plateaus
+# are scaled to these two figures.
+FA2_MI300X_FWD_16K = 353.22
+FA2_MI300X_BWD_16K = 194.43
+MI300X_PEAK = 1307.0
 
 
 def _interp(seq: float, ys: tuple[float, ...]) -> float:
@@ -190,4 +217,9 @@ def attention_fraction(device: str, seq: float, backward: bool, causal: bool = T
     frac = tflops / 989.0
     if device in ("A100", "A100 40GB"):
         frac *= FA2_A100_FWD_PLATEAU / (FA2_H100_FWD[-1] / 989.0)
+    elif device == "MI300X":
+        if backward:
+            frac *= (FA2_MI300X_BWD_16K / MI300X_PEAK) / (FA2_H100_BWD[-1] / 989.0)
+        else:
+            frac *= (FA2_MI300X_FWD_16K / MI300X_PEAK) / (FA2_H100_FWD[-1] / 989.0)
     return frac
