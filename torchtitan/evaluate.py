@@ -194,6 +194,7 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
         load_full_weights,
         read_full_state_dict,
     )
+    from torchtitan.loss import cross_entropy_loss
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel import (
         ParallelDims,
@@ -206,7 +207,6 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
     )
     from torchtitan.parallel.context import build_cp_context
     from torchtitan.parallel.distributed import launch_world
-    from torchtitan.train import cross_entropy_loss
 
     t, p = cfg.training, cfg.parallelism
     kind, folder = find_checkpoint(checkpoint_path)  # a one-line error for a missing or unknown folder
