@@ -32,6 +32,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from torchtitan.data import build_dataloader
 from torchtitan.data.dataset import validation_source
 from torchtitan.errors import UserError
+from torchtitan.loss import cross_entropy_loss
 from torchtitan.parallel.pipeline import _step_accepts_return_outputs
 
 
@@ -194,7 +195,6 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
         load_full_weights,
         read_full_state_dict,
     )
-    from torchtitan.loss import cross_entropy_loss
     from torchtitan.models import get_model_class, model_args_from_config
     from torchtitan.parallel import (
         ParallelDims,
