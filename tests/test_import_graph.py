@@ -5,8 +5,9 @@ The graph is read from the source with `ast`, not from a running interpreter: ev
 `if TYPE_CHECKING:` alike. A function-level import that only dodges a circle is still a circle: the two modules
 still need each other, the import order just hides it. Edges go to the module named; `from pkg import name`
 goes to `pkg.name` when that is a module, else to the package `pkg` (its `__init__.py`). The implicit import of
-a parent package (loading `torchtitan.parallel.dims` runs `torchtitan/parallel/__init__.py` first) is not
-counted: a package that re-exports its submodules would otherwise close a circle with each of them.
+a parent package (loading `torchtitan.parallel.dims` runs `torchtitan/parallel/__init__.py` first) counts for
+importers outside that package, not for its own modules: a package that re-exports its submodules would
+otherwise close a circle with each of them, which Python resolves (the package is already loading).
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 target = target.rsplit(".", 1)[0]
             if target in modules and target != name:
                 found.add(target)
+            # Loading a.b.c from outside package a.b first runs a/b/__init__.py: an edge to that package too.
+            # (From inside it the package is already loading, as when its __init__ imports its own submodules.)
+            parent = target.rsplit(".", 1)[0]
+            while (
+                "." in parent and not (name == parent or name.startswith(parent + ".")) and parent in modules
+            ):
+                found.add(parent)
+                parent = parent.rsplit(".", 1)[0]
     return found
 
 
@@ -64,8 +73,9 @@ def import_graph(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 
 
-def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One shortest circle through each strongly connected component with more than one module (Tarjan)."""
+def find_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """For each strongly connected component of more than one module (Tarjan): one shortest circle through it,
+    and all the component's modules (every one of them is on some circle with the others)."""
     index, low, on_stack, stack, components = {}, {}, set(), [], []
 
     def visit(v: str) -> None:  # recursion depth is bounded by the number of modules (~100)
@@ -102,7 +112,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             path = paths.pop(0)
             nxt = sorted(graph[path[-1]] & component)
             if start in nxt:
-                cycles.append(path + [start])
+                cycles.append((path + [start], sorted(component)))
                 break
             for w in nxt:
                 if w not in seen:
@@ -121,9 +131,14 @@ def test_cycle_finder_finds_a_circle_and_its_absence(tmp_path):
     (pkg / "sub" / "b.py").write_text("def g():\n    from torchtitan.a import f\n")
     (pkg / "c.py").write_text("import torchtitan.a\n")
     graph = import_graph(pkg)
-    assert graph["torchtitan.a"] == {"torchtitan.sub.b"}
+    assert graph["torchtitan.a"] == {"torchtitan.sub.b", "torchtitan.sub"}  # sub/__init__.py runs first
     assert graph["torchtitan.sub"] == {"torchtitan.sub.b"}
-    assert find_cycles(graph) == [["torchtitan.a", "torchtitan.sub.b", "torchtitan.a"]]
+    assert find_cycles(graph) == [
+        (
+            ["torchtitan.a", "torchtitan.sub.b", "torchtitan.a"],
+            ["torchtitan.a", "torchtitan.sub", "torchtitan.sub.b"],
+        )
+    ]
     (pkg / "sub" / "b.py").write_text("def g():\n    pass\n")
     assert find_cycles(import_graph(pkg)) == []
 
@@ -132,4 +147,7 @@ def test_package_has_no_import_circle():
     graph = import_graph()
     assert "torchtitan.train" in graph and graph["torchtitan.train"], "the graph reader found no imports"
     cycles = find_cycles(graph)
-    assert not cycles, "import circles in the package:\n" + "\n".join(" -> ".join(c) for c in cycles)
+    assert not cycles, "import circles in the package:\n" + "\n".join(
+        f"{' -> '.join(cycle)}  (modules on circles together: {', '.join(members)})"
+        for cycle, members in cycles
+    )
