@@ -60,7 +60,7 @@ class Run:
     sim: Simulation | None  # comm.mode=fake_backend: this one process plays one rank of a larger job
     dims: ParallelDims
     device: torch.device
-    model_args: Any
+    model_args: Any  # the ModelArgs of model.name and model.flavor (shapes, parameter and FLOPs counts)
     env_defaults: dict[str, str]  # environment variables set for this run (logged in the header)
     rank: int
     world_size: int
@@ -88,7 +88,7 @@ class Run:
 
 
 def build_run(cfg: JobConfig) -> Run:
-    """World, mesh, model, optimizer, data and evaluator of this run, on this rank."""
+    """World, mesh, model, optimizer, data, evaluator and checkpointer of this run, on this rank."""
     sim = Simulation(cfg) if simulating(cfg) else None
     if sim is None:
         # A world that does not match the config fails here with both numbers, before any rank waits for another.
