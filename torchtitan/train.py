@@ -49,8 +49,8 @@ def train(cfg: JobConfig) -> int:
     started = time.perf_counter()
     # ---- build: checks, world, mesh, model (meta -> parallelize -> materialize), optimizer, data, checkpointer --
     run = build_run(cfg)
-    t, dims, device, rank, sim = cfg.training, run.dims, run.device, run.rank, run.sim
-    model_parts, optimizer, goodput, ckpt = run.model_parts, run.optimizer, run.goodput, run.ckpt
+    t, dims, device, rank, sim, goodput = cfg.training, run.dims, run.device, run.rank, run.sim, run.goodput
+    model_parts, optimizer, ckpt, dataloader = run.model_parts, run.optimizer, run.ckpt, run.dataloader
 
     # ---- initialize or load (before the metrics, which continue the curves at the resumed step) ----------------
     # A run that resumes, or starts from initial_load_path, draws no random weights: the load overwrites them all.
@@ -88,7 +88,7 @@ def train(cfg: JobConfig) -> int:
 
     # ---- train -------------------------------------------------------------------------------------------------
     profiler = Profiler(cfg, rank, cfg.job.dump_folder, start_step)
-    data_iter = hook_slow_data(iter(run.dataloader), rank)
+    data_iter = hook_slow_data(iter(dataloader), rank)
     signum = 0  # a preemption signal all ranks agreed on: save (if checkpoints are on) and leave
     for step in range(start_step + 1, t.steps + 1):
         if t.gc_freq > 0 and step % t.gc_freq == 0:
