@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from torchtitan.config import parse_args  # noqa: E402
+from torchtitan.loss import cross_entropy_loss  # noqa: E402
 from torchtitan.models import get_model_class, model_args_from_config  # noqa: E402
 from torchtitan.optim import build_optimizer, clip_grad_norm_, init_optimizer_state  # noqa: E402
 from torchtitan.parallel import pick_device  # noqa: E402
 from torchtitan.runtime_env import set_env_defaults  # noqa: E402
-from torchtitan.train import cross_entropy_loss  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -104,12 +104,12 @@ def test_cp_on_cpu_is_a_clear_error(tmp_path):
 
 def test_cp_supported_asks_torchs_table():
     """cp_supported("cpu") is False with torch as shipped and True once the CPU kernel is registered."""
-    from torchtitan.parallel.context import cp_supported
+    from torchtitan.parallel.dims import cp_supported
 
     assert cp_supported("cuda") and not cp_supported("cpu")
     code = (
         "import sys; sys.path.insert(0, 'tests'); import cp_cpu_kernel; cp_cpu_kernel.install();"
-        " from torchtitan.parallel.context import cp_supported; assert cp_supported('cpu')"
+        " from torchtitan.parallel.dims import cp_supported; assert cp_supported('cpu')"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
 

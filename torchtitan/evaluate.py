@@ -32,6 +32,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from torchtitan.data import build_dataloader
 from torchtitan.data.dataset import validation_source
 from torchtitan.errors import UserError
+from torchtitan.loss import cross_entropy_loss
 from torchtitan.parallel.pipeline import _step_accepts_return_outputs
 
 
@@ -206,7 +207,6 @@ def evaluate_checkpoint(cfg, checkpoint_path: str) -> tuple[ValidationResult, in
     )
     from torchtitan.parallel.context import build_cp_context
     from torchtitan.parallel.distributed import launch_world
-    from torchtitan.train import cross_entropy_loss
 
     t, p = cfg.training, cfg.parallelism
     kind, folder = find_checkpoint(checkpoint_path)  # a one-line error for a missing or unknown folder

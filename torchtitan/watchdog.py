@@ -17,7 +17,6 @@ import threading
 import time
 
 from torchtitan.log import logger
-from torchtitan.testing.faults import never_join as hook_never_join  # noqa: F401 (parallel/distributed.py calls it)
 
 HANG_EXIT_CODE = 3  # watchdog fired, or a rendezvous / collective timed out (documented in docs/launching.md)
 

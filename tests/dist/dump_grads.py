@@ -25,7 +25,7 @@ from torchtitan.parallel import (
     pipeline_parallelize,
     plan_pipeline,
 )
-from torchtitan.train import cross_entropy_loss, forward_backward
+from torchtitan.loss import cross_entropy_loss, forward_backward
 
 
 def main():

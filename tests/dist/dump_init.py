@@ -28,7 +28,7 @@ from torchtitan.parallel import (
     pipeline_parallelize,
     plan_pipeline,
 )
-from torchtitan.train import cross_entropy_loss
+from torchtitan.loss import cross_entropy_loss
 
 
 def structure(model: torch.nn.Module) -> dict:

@@ -17,7 +17,7 @@ from typing import Any, Literal, Union
 
 from torchtitan.errors import UserError
 
-from . import torchtitan_compat
+from . import torchtitan_keys
 from .job_config import JobConfig
 
 if sys.version_info >= (3, 11):
@@ -54,13 +54,13 @@ def _suggest_key(name: str, choices) -> str:
     """The did-you-mean of an unknown key or section: torchtitan's names first (they answer with their equivalent
     here, never with a look-alike of another meaning: checkpoint.enable_checkpoint is not create_seed_checkpoint),
     then the closest of our names."""
-    known = torchtitan_compat.hint(name)
+    known = torchtitan_keys.hint(name)
     if known:
         return f"; {known}"
     choices = list(choices)
-    close = difflib.get_close_matches(name, choices + list(torchtitan_compat.KEYS), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(name, choices + list(torchtitan_keys.KEYS), n=1, cutoff=0.5)
     if close and close[0] not in choices:  # closest to a torchtitan name: a misspelt one of those
-        return f"; {torchtitan_compat.hint(close[0])}"
+        return f"; {torchtitan_keys.hint(close[0])}"
     return _suggest(name, choices)
 
 
@@ -216,12 +216,12 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
 def _refuse_torchtitan_file(toml: dict, path: str) -> None:
     """A torchtitan config (two or more of its own keys) gets one line: what it is and the converter command.
     A single torchtitan key in one of our files is answered key by key (_suggest_key)."""
-    found = torchtitan_compat.torchtitan_keys_in(toml)
+    found = torchtitan_keys.torchtitan_keys_in(toml)
     if len(found) >= 2:
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
         raise ConfigError(
             f"{path} is a torchtitan config ({shown} are torchtitan's keys); convert it first:"
-            f" {torchtitan_compat.CONVERTER} {path} -o {torchtitan_compat.suggested_output(path)}"
+            f" {torchtitan_keys.CONVERTER} {path} -o {torchtitan_keys.suggested_output(path)}"
         )
 
 

@@ -19,10 +19,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from torchtitan.errors import UserError
-from torchtitan.parallel.context import cp_supported
 
 _DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def cp_supported(device_type: str) -> bool:
+    """Whether torch's context parallel has a ring attention for the SDPA kernel this device type uses.
+
+    Here, not in context.py, because validate() below asks it and context.py builds on ParallelDims.
+
+    CUDA: flash / memory-efficient / cuDNN attention, all handled. CPU: the CPU flash kernel
+    (aten._scaled_dot_product_flash_attention_for_cpu) is not in torch's dispatch table as of torch 2.13; this
+    asks the table rather than assuming, so a torch that adds it (or a test that registers it) just works.
+    """
+    if device_type == "cuda":
+        return True
+    try:
+        from torch.distributed.tensor.experimental._context_parallel._attention import custom_ops
+    except ImportError:
+        return False
+    return (
+        device_type == "cpu"
+        and torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in custom_ops
+    )
 
 
 @dataclass

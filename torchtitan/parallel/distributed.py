@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.errors import UserError
+from torchtitan.testing import faults
 
 
 def pick_device() -> torch.device:
@@ -99,9 +100,7 @@ def init_distributed(device: torch.device, init_timeout_seconds: int) -> tuple[i
             backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
         )
         return 0, 1
-    from torchtitan.watchdog import hook_never_join
-
-    hook_never_join(int(os.environ["RANK"]))
+    faults.never_join(int(os.environ["RANK"]))
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
     store.set_timeout(timeout)
     # torchrun --max-restarts keeps one store across attempts: prefix the keys with the attempt, or a restarted
