@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from torchtitan.config import parse_args  # noqa: E402
+from torchtitan.errors import UserError  # noqa: E402
 from torchtitan.loss import cross_entropy_loss  # noqa: E402
 from torchtitan.models import get_model_class, model_args_from_config  # noqa: E402
 from torchtitan.optim import build_optimizer, clip_grad_norm_, init_optimizer_state  # noqa: E402
@@ -33,8 +34,15 @@ from torchtitan.runtime_env import set_env_defaults  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip() + "\n\nThe trainer's options: python train.py --help")
+        return 0
     steps = 3
-    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", *argv])
+    try:
+        cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", *argv])
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t = cfg.training
     device = pick_device()
     args = model_args_from_config(cfg.model, t.seq_len)
