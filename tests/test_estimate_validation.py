@@ -90,6 +90,13 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"mi300x_8b_fsdp8_b1_{r}_torchao", "tokens/s/device"): _MI300X
         for r in ("bf16", "tensorwise", "rowwise")
     },
+    (
+        "llama2_34b_gpu_hours",
+        "GPU-hours",
+    ): "Llama 2 34B GPU-hours (out of sample -26.8 %; 13B -21.8 %, 7B -13.9 %,"
+    " 70B -11.1 %): the paper's figures imply ~109 model TFLOPS per A100 for 34B against 118-134 for 7B, 13B and"
+    " 70B, and the layout behind them is not published (HSDP 64 x 16 with full AC is this file's assumption, the"
+    " 70B rule); the estimate's rate is nearly flat across the four sizes",
     ("h100_8b_fsdp8_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_bf16_2025_06", "tokens/s/device"): _TP8_8B_ASYNC,
@@ -119,7 +126,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.8 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 5.9 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
