@@ -54,6 +54,20 @@ _SINGLE_MEM = (
     "one-GPU runs of this project (autocast, no FSDP wrapper): the compiled runs' peak depends on what Inductor"
     " keeps between the graphs, which the activation model approximates per op"
 )
+_TP8_8B_ROWWISE = (
+    "Llama 3 8B, FSDP 8 x TP 8, float8 rowwise, torchtitan 820504e (out of sample: vanilla +19.4 %, async +28.0 %):"
+    " the source itself flags this baseline as low (pytorch/torchtitan#1207, whose root cause is that with the"
+    " toml's filter (output only) the attention wk/wv linears, 4096 x 1024 sharded to 128 columns per TP rank,"
+    " run ~40 % slower in float8 rowwise than in bf16; fixed by torchao#2410 / torchtitan#1319's per-recipe layer"
+    " filter): the estimator prices each converted shard at the CUTLASS rowwise rate for its shape, not that build's"
+    " slowdown; the 70B rowwise rows, whose shards are 8x larger, fit (+7.6 / +14.7 %)"
+)
+_TP8_8B_ASYNC = (
+    "Llama 3 8B, FSDP 8 x TP 8, async TP, bf16 (out of sample +18.9 %; vanilla TP +13.5 %): the published async-TP"
+    " gain is 1.10, the estimate's 1.15 (one exposed fraction, 0.5, for every shape) and the vanilla baseline is"
+    " already high: 8B split 8 ways leaves per-rank GEMMs with N = 128..1792, whose sustained rate and overlap the"
+    " estimator overstates: not explained further"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("cpu_debug_1proc", "max RSS GiB"): "CPU resident memory keeps what glibc does not return and CPU kernel"
     " scratch (oneDNN bf16 reorders, SDPA per-thread buffers): not modelled",
@@ -76,6 +90,16 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"mi300x_8b_fsdp8_b1_{r}_torchao", "tokens/s/device"): _MI300X
         for r in ("bf16", "tensorwise", "rowwise")
     },
+    (
+        "llama2_34b_gpu_hours",
+        "GPU-hours",
+    ): "Llama 2 34B GPU-hours (out of sample -26.8 %; 13B -21.8 %, 7B -13.9 %,"
+    " 70B -11.1 %): the paper's figures imply ~109 model TFLOPS per A100 for 34B against 118-134 for 7B, 13B and"
+    " 70B, and the layout behind them is not published (HSDP 64 x 16 with full AC is this file's assumption, the"
+    " 70B rule); the estimate's rate is nearly flat across the four sizes",
+    ("h100_8b_fsdp8_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
+    ("h100_8b_fsdp8_async_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
+    ("h100_8b_fsdp8_async_tp8_bf16_2025_06", "tokens/s/device"): _TP8_8B_ASYNC,
 }
 
 
@@ -102,7 +126,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.5 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 5.9 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
