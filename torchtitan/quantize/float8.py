@@ -146,6 +146,21 @@ def build_scale_precompute(cfg):
     return run
 
 
+def is_tensorwise_float8(module: nn.Module) -> bool:
+    """True for a torchao Float8Linear whose input is scaled tensorwise (the recipe torchao's float8 TP styles
+    support); False for nn.Linear, other modules and the rowwise recipe. Imports torchao only for a module
+    that can be a Float8Linear."""
+    if type(module).__name__ != "Float8Linear":
+        return False
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_linear import Float8Linear
+
+    return (
+        isinstance(module, Float8Linear)
+        and module.config.cast_config_input.scaling_granularity is ScalingGranularity.TENSORWISE
+    )
+
+
 def float8_tp_style(module: nn.Module, style: str, **kwargs):
     """The tensor-parallel style for `module` in a TP plan: style "colwise" or "rowwise", kwargs as for torch's
     ColwiseParallel / RowwiseParallel (input_layouts, output_layouts, use_local_output).
@@ -158,15 +173,10 @@ def float8_tp_style(module: nn.Module, style: str, **kwargs):
     """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    plain = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}[style]
-    config = getattr(module, "config", None)
-    tensorwise = config is not None and type(module).__name__ == "Float8Linear"
-    if tensorwise:
-        from torchao.float8.config import ScalingGranularity
-
-        tensorwise = config.cast_config_input.scaling_granularity is ScalingGranularity.TENSORWISE
-    if not tensorwise:
-        return plain(**kwargs)
+    if style not in ("colwise", "rowwise"):
+        raise ValueError(f"style must be 'colwise' or 'rowwise', got {style!r}")
+    if not is_tensorwise_float8(module):
+        return {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}[style](**kwargs)
     from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
 
     return {"colwise": Float8ColwiseParallel, "rowwise": Float8RowwiseParallel}[style](**kwargs)
