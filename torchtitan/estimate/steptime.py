@@ -322,22 +322,57 @@ def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
     return (copy_out + copy_in) / r.hbm
 
 
+def sp_all_gather_bytes(plan: Plan) -> tuple[int, int, int, int]:
+    """Bytes per element of a block's four sequence-parallel all-gathers: (attention input, feed-forward input)
+    forward, (wo output gradient, w2 output gradient) backward.
+
+    The trainer's TP plan (parallel/tensor.py) gives tensorwise Float8Linear blocks torchao's float8 TP styles
+    (torchao float8/float8_tensor_parallel.py): PrepareFloat8ModuleInput casts an input to float8 e4m3 before
+    the all-gather when every linear that consumes it (wq, wk, wv; w1, w3) is converted, and Float8RowwiseParallel's
+    NoopFwToFloat8BwDynamic casts the gradient of wo's / w2's output to float8 e5m2 before the backward
+    all-gather. Both move 1 byte per element; the reduce-scatters of the row-wise outputs (forward) and of the
+    input gradients (backward) stay in the activation dtype. Not on CPU (gloo cannot carry float8: plain styles)
+    nor for the rowwise recipe (torchao's float8 TP styles are tensorwise only).
+    """
+    b = plan.act_bytes
+    if not (plan.float8 and plan.cfg.float8.recipe == "tensorwise" and not plan.hw.is_cpu):
+        return b, b, b, b
+    fp8 = {lin.name for lin in plan.block_linears if lin.float8}
+
+    def size(*names: str) -> int:
+        return 1 if fp8.issuperset(names) else b
+
+    return size("wq", "wk", "wv"), size("w1", "w3"), size("wo"), size("w2")
+
+
 def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
     """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
     t = plan.tp
     if t == 1:
         return 0.0
-    full = (
-        tokens * plan.args.dim * plan.act_bytes
-    )  # one gathered activation (sequence-parallel) or reduced one
+    elems = tokens * plan.args.dim  # one gathered activation (sequence-parallel) or reduced one
+
+    def coll(nbytes: float, kind: str = "all_gather") -> float:
+        return _ring(plan, r, elems * nbytes, t, 1, kind)
+
+    b = plan.act_bytes
     edge = (2 if has_emb else 0) + (2 if has_head else 0)
     if plan.sequence_parallel:
         # forward 2 all-gathers + 2 reduce-scatters, backward the same, plus what recompute repeats
-        n = sum(4 + 4 + tp_collectives_recomputed(m) for m in modes) + edge
-        return n * _ring(plan, r, full, t, 1)
+        attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
+        fwd_ag = coll(attn_in) + coll(ffn_in)
+        per_block = fwd_ag + coll(wo_grad) + coll(w2_grad) + 4 * coll(b, "reduce_scatter")
+
+        def redo(
+            mode: str,
+        ) -> float:  # recompute repeats the forward all-gathers first, then the reduce-scatters
+            n = tp_collectives_recomputed(mode)
+            return (fwd_ag if n >= 2 else 0.0) + max(0, n - 2) * coll(b, "reduce_scatter")
+
+        return sum(per_block + redo(m) for m in modes) + edge * coll(b)
     # 2 all-reduces forward, 2 backward (2 more for full recompute)
     n = sum(2 + 2 + (2 if m == "full" else 0) for m in modes) + edge // 2
-    return n * _ring(plan, r, full, t, 1, "all_reduce")
+    return n * coll(b, "all_reduce")
 
 
 def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: float) -> float:
