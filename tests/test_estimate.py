@@ -477,3 +477,43 @@ def test_a_cpu_peak_given_by_hand_is_taken_as_sustained():
     )
     assert r["tokens_per_sec_per_device"] > 0
     assert r["hardware"]["bf16_tflops"] == 0.2
+
+
+def test_float8_tensorwise_tp_all_gathers_are_priced_at_one_byte():
+    """torchao's float8 TP styles (the trainer's TP plan for tensorwise Float8Linear blocks on GPUs) all-gather
+    float8: the four sequence-parallel all-gathers of a block at 1 byte per element, the reduce-scatters at 2;
+    rowwise, a skipped consumer, or CPU (gloo: plain styles) keep bf16. TP time shrinks accordingly."""
+    from torchtitan.estimate.steptime import Rates, sp_all_gather_bytes, tp_comm
+
+    seventy = ["--model.flavor=70B", "--training.seq_len=8192", "--training.local_batch_size=1"]
+    base = [*H100, *seventy, "--estimate.num_devices=256", "--parallelism.tensor_parallel_degree=8"]
+    f8 = ["--float8.enable=true"]
+
+    def plan(*extra):
+        return build_plan(parse_args([*base, *extra]))
+
+    assert sp_all_gather_bytes(plan(*f8)) == (1, 1, 1, 1)
+    assert sp_all_gather_bytes(plan(*f8, "--float8.recipe=rowwise")) == (2, 2, 2, 2)
+    assert sp_all_gather_bytes(plan()) == (2, 2, 2, 2)
+    # 70B: wk/wv are 8192 x 1024; with min_dim 2048 they stay bf16, so attention's input all-gather does too
+    assert sp_all_gather_bytes(plan(*f8, "--float8.min_dim=2048")) == (2, 1, 1, 1)
+    cpu_args = [
+        *TINY,
+        "--estimate.hardware=cpu",
+        "--estimate.num_devices=2",
+        "--parallelism.tensor_parallel_degree=2",
+    ]
+    cpu = build_plan(parse_args([*cpu_args, *f8, "--float8.min_dim=16"]), require_rates=False)
+    assert sp_all_gather_bytes(cpu) == (cpu.act_bytes,) * 4 and cpu.hw.is_cpu
+
+    def tp_seconds(p):
+        return tp_comm(p, Rates(p), 8192.0, ["none"] * 10, False, False)
+
+    bf16, fp8, rowwise = (
+        tp_seconds(plan()),
+        tp_seconds(plan(*f8)),
+        tp_seconds(plan(*f8, "--float8.recipe=rowwise")),
+    )
+    assert (
+        rowwise == pytest.approx(bf16) and 0.7 * bf16 < fp8 < 0.8 * bf16
+    )  # half of 8 collectives' bytes: 3/4
