@@ -32,10 +32,12 @@ def training_report(r: dict) -> str:
         lines.append(f"  {k:<30} {v:9.3f} s")
     detail = ", ".join(f"{k} {v:.3f}" for k, v in r["compute_detail_s"].items())
     lines.append(f"  (compute = {detail})")
+    tflops = r["tflops_per_device"]
+    tflops_text = f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}"  # a CPU's 0.09 TFLOPS is not "0"
     lines += [
         "",
         f"tokens/s   {r['tokens_per_sec_per_device']:,.0f} per device, {r['tokens_per_sec_global']:,.0f} global",
-        f"MFU        {r['mfu_percent']:.1f} % of the bf16 peak ({r['tflops_per_device']:.0f} TFLOPS per device,"
+        f"MFU        {r['mfu_percent']:.1f} % of the bf16 peak ({tflops_text} TFLOPS per device,"
         f" {r['flops_per_token']:,.0f} FLOPs/token)"
         + (f"; {r['mfu_percent_fp8_mixed']:.1f} % fp8-mixed" if "mfu_percent_fp8_mixed" in r else ""),
     ]
