@@ -28,7 +28,8 @@ def die(message: str, code: int = HANG_EXIT_CODE, exc: BaseException | None = No
     atexit work) can block forever, which is exactly what we are escaping.
     """
     logger.error(message, exc_info=exc)
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"error: {message}\n")  # one write: other ranks' lines must not land inside it
+    sys.stderr.flush()
     for h in logger.handlers:
         h.flush()
     sys.stdout.flush()
