@@ -26,7 +26,7 @@ TINY = [
 ]
 
 
-# The suite's longest files, longest first (measured: docs/testing.md). scripts/test.sh runs whole files per
+# The suite's longest files, roughly longest first (per-file times: docs/testing.md). scripts/test.sh runs whole files per
 # pytest-xdist worker in collection order (--dist loadfile --no-loadscope-reorder), so the long files start at once
 # and the short ones fill the end, instead of one long file starting last and running alone. Files not named here
 # follow in their usual order; the order changes when tests run, never what they check.
