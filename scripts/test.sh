@@ -9,8 +9,10 @@ source scripts/env.sh dev
 export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 set +e
 # Two pytest workers (TEST_WORKERS=0: none), whole files per worker: most tests wait on subprocesses (torchrun,
-# timeouts, watchdogs) rather than compute, so two overlap well even on 2 cores.
-workers=(-n "${TEST_WORKERS:-2}" --dist loadfile)
+# timeouts, watchdogs) rather than compute, so two overlap well even on 2 cores. Files start in collection order,
+# which tests/conftest.py sorts longest first (xdist's default reorder by test count started the long
+# multi-process files with few tests last, where they ran alone).
+workers=(-n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 [ "${TEST_WORKERS:-2}" = "0" ] && workers=()
 "$PY" -m pytest "${workers[@]}" "$@"
 rc=$?

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +26,42 @@ TINY = [
 ]
 
 
+# The suite's longest files, roughly longest first (per-file times: docs/testing.md). scripts/test.sh runs whole files per
+# pytest-xdist worker in collection order (--dist loadfile --no-loadscope-reorder), so the long files start at once
+# and the short ones fill the end, instead of one long file starting last and running alone. Files not named here
+# follow in their usual order; the order changes when tests run, never what they check.
+LONGEST_FIRST = [
+    "test_slurm.py",  # mostly waiting on SLURM (requeue): it overlaps the other worker's compute
+    "test_checkpoint.py",
+    "test_parity.py",
+    "test_faults.py",
+    "test_parity_pp.py",
+    "test_launch.py",
+    "test_parity_cp.py",
+    "test_validation.py",
+    "test_perplexity_hf.py",
+    "test_train_e2e.py",
+    "test_init_layout.py",
+    "test_startup.py",
+    "test_simulate.py",
+    "test_float8.py",
+    "test_checkpoint_hf.py",
+    "test_generate.py",
+    "test_torchtitan_compat.py",
+    "test_observability.py",
+    "test_activation_checkpoint.py",
+    "test_bench_peers.py",
+    "test_compile.py",
+    "test_goodput.py",
+]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark every test skipped without CUDA (a skipif whose reason names CUDA or GPUs) with `cuda`, so that
-    `pytest -m cuda` (scripts/gpu_check.sh) selects exactly the tests that only a GPU machine runs."""
+    """Order files longest first (LONGEST_FIRST; a stable sort keeps each file's own order). Mark every test
+    skipped without CUDA (a skipif whose reason names CUDA or GPUs) with `cuda`, so that `pytest -m cuda`
+    (scripts/gpu_check.sh) selects exactly the tests that only a GPU machine runs."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     for item in items:
         for mark in item.iter_markers("skipif"):
             reason = str(mark.kwargs.get("reason", ""))
@@ -104,20 +138,44 @@ def steps_in(out) -> list[int]:
     return sorted(committed_checkpoints(str(out / "checkpoint")))
 
 
-@pytest.fixture(scope="session")
-def straight1(tmp_path_factory):
-    """An uninterrupted 1-process run with sync saves at steps 3 and 6 (read-only for the tests: copy it)."""
-    out = tmp_path_factory.mktemp("straight1")
+def shared_run(tmp_path_factory, worker_id: str, name: str, build) -> Path:
+    """A run that tests in several files read (never write: copy it), made once per pytest session even when
+    those files run on different pytest-xdist workers: the first worker to ask builds it under a file lock in
+    the session's shared temporary folder, the others wait for it and read the same folder."""
+    if worker_id == "master":  # no xdist: the session's own temporary folder
+        out = tmp_path_factory.mktemp(name)
+        build(out)
+        return out
+    from filelock import FileLock
+
+    out = tmp_path_factory.getbasetemp().parent / f"shared-{name}"  # one folder per session, all workers
+    with FileLock(f"{out}.lock"):
+        if not (out / ".built").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)  # asserts; a failure leaves no .built, so the next worker tries (and fails) itself
+            (out / ".built").touch()
+    return out
+
+
+def _straight1(out) -> None:
     r = run_train(1, CKPT_ARGS + [f"--job.dump_folder={out}"])
     assert r.returncode == 0
     assert steps_in(out) == [3, 6]
-    return out
+
+
+def _straight2(out) -> None:
+    r = run_train(2, CKPT_ARGS2 + [f"--job.dump_folder={out}", "--checkpoint.async_mode=async"])
+    assert r.returncode == 0
 
 
 @pytest.fixture(scope="session")
-def straight2(tmp_path_factory):
+def straight1(tmp_path_factory, worker_id):
+    """An uninterrupted 1-process run with sync saves at steps 3 and 6 (read-only for the tests: copy it)."""
+    return shared_run(tmp_path_factory, worker_id, "straight1", _straight1)
+
+
+@pytest.fixture(scope="session")
+def straight2(tmp_path_factory, worker_id):
     """An uninterrupted FSDP 2 run with async saves at steps 3 and 6 (read-only for the tests: copy it)."""
-    out = tmp_path_factory.mktemp("straight2")
-    r = run_train(2, CKPT_ARGS2 + [f"--job.dump_folder={out}", "--checkpoint.async_mode=async"])
-    assert r.returncode == 0
-    return out
+    return shared_run(tmp_path_factory, worker_id, "straight2", _straight2)

@@ -7,6 +7,7 @@ must equal the single-process weights exactly.
 
 import json
 
+import pytest
 import torch
 
 from conftest import run_script
@@ -44,9 +45,17 @@ def assert_same(one, other, what):
         assert torch.equal(one[k], other[k]), (what, k)
 
 
-def test_fsdp2_init_equals_single_process(tmp_path):
-    s1, s2 = {}, {}
-    one = dump(tmp_path, 1, structure=s1)
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The single-process weights (and how parallelize wrapped them), which every layout below is compared with:
+    one run for the whole file."""
+    s1 = {}
+    return dump(tmp_path_factory.mktemp("single"), 1, structure=s1), s1
+
+
+def test_fsdp2_init_equals_single_process(single, tmp_path):
+    one, s1 = single
+    s2 = {}
     assert len(one) > 10
     assert_same(one, dump(tmp_path, 2, "--training.seed=0", structure=s2), "FSDP 2")
     # one process: no FSDP at all; bf16 comes from autocast (fp32 parameters, bf16 logits)
@@ -57,10 +66,10 @@ def test_fsdp2_init_equals_single_process(tmp_path):
     assert not torch.equal(one["layers.0.attention.wq.weight"], other_seed["layers.0.attention.wq.weight"])
 
 
-def test_tp_layouts_init_equals_single_process(tmp_path):
+def test_tp_layouts_init_equals_single_process(single, tmp_path):
     """FSDP 2 x TP 2 (weights are 2-D DTensors, FSDP's dim-0 shard strided over TP's) and TP 2 without
     sequence parallel (norm gains then stay plain tensors under TP) hold the same full weights as 1 process."""
-    one = dump(tmp_path, 1)
+    one, _ = single
     for nproc, args in [
         (4, ["--parallelism.tensor_parallel_degree=2"]),
         (2, ["--parallelism.tensor_parallel_degree=2", "--parallelism.enable_sequence_parallel=false"]),
@@ -72,10 +81,10 @@ def test_tp_layouts_init_equals_single_process(tmp_path):
         assert structure["logits_dtype"] == "torch.bfloat16"
 
 
-def test_pp_and_cp_layouts_init_equals_single_process(tmp_path):
+def test_pp_and_cp_layouts_init_equals_single_process(single, tmp_path):
     """PP 2 (each rank holds a stage: half the layers, the embedding or the head) and CP 2 (FSDP shards over the
     cp ranks) hold the same full weights as 1 process."""
-    one = dump(tmp_path, 1)
+    one, _ = single
     pp = dump(tmp_path, 2, "--parallelism.pipeline_parallel_degree=2")
     assert_same(one, pp, "PP 2")
     assert_same(one, dump(tmp_path, 2, "--parallelism.context_parallel_degree=2"), "CP 2")

@@ -14,11 +14,12 @@ layout changes the loss at the first step. 1e-5 leaves 25x headroom over the noi
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, shared_run
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from loss_compare import compare, loss_compare, run  # noqa: E402
@@ -56,9 +57,20 @@ LAYOUTS = {
 }
 
 
+def single_rows(tmp_path_factory, worker_id) -> list[dict]:
+    """The 1-process reference run (metrics.jsonl rows), made once per session for this file and
+    tests/test_parity_cp.py, which compare with the same run."""
+
+    def build(out):
+        run(1, [*SHARDED, "--training.local_batch_size=4"], str(out))
+
+    out = shared_run(tmp_path_factory, worker_id, "parity_single", build)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return run(1, [*SHARDED, "--training.local_batch_size=4"], str(tmp_path_factory.mktemp("single")))
+def single(tmp_path_factory, worker_id):
+    return single_rows(tmp_path_factory, worker_id)
 
 
 def check(report: str, worst: dict):

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 import torch
-from test_parity import COMMON, RTOL, SHARDED, STEPS, check
+from test_parity import COMMON, RTOL, SHARDED, STEPS, check, single_rows
 
 from conftest import ROOT
 
@@ -46,8 +46,8 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return run(1, [*SHARDED, "--training.local_batch_size=4"], str(tmp_path_factory.mktemp("single")))
+def single(tmp_path_factory, worker_id):
+    return single_rows(tmp_path_factory, worker_id)  # tests/test_parity.py's reference run, shared
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -71,10 +71,25 @@ def transformers_loss(model) -> tuple[float, int]:
     return torch.stack(losses).mean().item(), tokens
 
 
+@pytest.fixture(scope="module")
+def one_process(hf, tmp_path_factory):
+    """perplexity.py in 1 process on an HF folder, run once per folder: the tensor-parallel test below compares
+    with the same run."""
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            folder, _ = hf[kind]
+            cache[kind] = perplexity(1, [f"--checkpoint={folder}"], tmp_path_factory.mktemp(f"one_{kind}"))
+        return cache[kind]
+
+    return get
+
+
 @pytest.mark.parametrize("kind", ["tied", "untied"])
-def test_perplexity_of_hf_folder_equals_transformers(hf, tmp_path, kind):
+def test_perplexity_of_hf_folder_equals_transformers(hf, one_process, kind):
     folder, model = hf[kind]
-    result, stdout = perplexity(1, [f"--checkpoint={folder}"], tmp_path)
+    result, stdout = one_process(kind)
     loss, tokens = transformers_loss(model)
     assert result["tokens"] == tokens == 2 * 4 * 64 and result["step"] is None
     assert result["loss"] == pytest.approx(loss, rel=1e-5), (result["loss"], loss)
@@ -87,9 +102,9 @@ def test_perplexity_of_hf_folder_equals_transformers(hf, tmp_path, kind):
 
 
 @pytest.mark.slow
-def test_hf_folder_tensor_parallel_agrees_with_one_process(hf, tmp_path):
+def test_hf_folder_tensor_parallel_agrees_with_one_process(hf, one_process, tmp_path):
     folder, _ = hf["untied"]  # tensor parallel refuses tied embeddings (parallel/dims.py), ours too
-    one, _ = perplexity(1, [f"--checkpoint={folder}"], tmp_path)
+    one, _ = one_process("untied")
     two, _ = perplexity(2, [f"--checkpoint={folder}", "--parallelism.tensor_parallel_degree=2"], tmp_path)
     assert two["world_size"] == 2
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5), (two["loss"], one["loss"])

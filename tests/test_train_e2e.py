@@ -109,23 +109,31 @@ def test_run_folder_reproduces_the_run(fsdp2_run):
     assert "full attention" in r.stdout  # the FLOPs convention in force is printed
 
 
-def test_single_process_without_torchrun(tmp_path):
-    r = run_train(1, TINY + [f"--job.dump_folder={tmp_path}", "--training.steps=3"])
-    assert r.returncode == 0
-    assert "step      3" in r.stdout
-
-
-def test_profiler_writes_traces(tmp_path):
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory):
+    """One plain `python train.py` run (no torchrun) with the profiler on: both tests below read it."""
+    out = tmp_path_factory.mktemp("profiled")
     r = run_train(
         1,
         TINY
         + [
-            f"--job.dump_folder={tmp_path}",
+            f"--job.dump_folder={out}",
             "--training.steps=4",
             "--profiling.enable_profiling",
             "--profiling.profile_freq=2",
         ],
     )
+    return out, r
+
+
+def test_single_process_without_torchrun(profiled_run):
+    _, r = profiled_run
+    assert r.returncode == 0
+    assert "step      3" in r.stdout
+
+
+def test_profiler_writes_traces(profiled_run):
+    tmp_path, r = profiled_run
     assert r.returncode == 0
     traces = sorted(p.name for p in (tmp_path / "profile_traces").iterdir())
     assert traces == ["rank0_step2.json", "rank0_step4.json"]

@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         return rc
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # one write of the whole line: ranks share torchrun's stderr, and print's two writes (text, then the
+        # newline) interleaved two ranks' lines into one under PYTHONUNBUFFERED=1 on a loaded machine
+        sys.stderr.write(f"error: {e}\n")
         return e.exit_code
     except torch.cuda.OutOfMemoryError as e:  # one line with the snapshot's path, exit EXIT_OOM
         rank, step = int(os.environ.get("RANK", 0)), (last_completed_step() or 0) + 1

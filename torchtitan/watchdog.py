@@ -28,7 +28,8 @@ def die(message: str, code: int = HANG_EXIT_CODE, exc: BaseException | None = No
     atexit work) can block forever, which is exactly what we are escaping.
     """
     logger.error(message, exc_info=exc)
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    # one write (stderr flushes at the newline), so that no other rank's line lands inside this one
+    sys.stderr.write(f"error: {message}\n")
     for h in logger.handlers:
         h.flush()
     sys.stdout.flush()
