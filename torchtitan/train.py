@@ -6,7 +6,7 @@ torchrun --nproc_per_node 2 train.py --job.config_file ...                # many
 Every metric, check and save point is called from train() below; what they do lives in modules named for it:
 the run's parts and their build order (build.py), the loss and a micro-batch's forward/backward (loss.py), the
 numbers reported (metrics/processor.py, defined in docs/metrics.md), the run header (header.py), the
-non-finite / preemption / failed-save agreement of check steps (host_sync.py), saves and loads (checkpoint.py).
+non-finite / preemption / failed-save agreement of check steps (host_sync.py), saves and loads (checkpoint/).
 """
 
 from __future__ import annotations
@@ -81,7 +81,6 @@ def train(cfg: JobConfig) -> int:
     # (compile, warm-up, lazy init); the training timeout takes over once it has completed.
     set_collective_timeout(cfg.comm.init_timeout_seconds)
     checks = StepChecks(device, ignore_nonfinite=sim is not None)
-    nan_step = faults.nan_step()
     watchdog = Watchdog(cfg.comm.watchdog_timeout_seconds, cfg.comm.init_timeout_seconds, rank)
 
     # ---- train -------------------------------------------------------------------------------------------------
@@ -113,8 +112,7 @@ def train(cfg: JobConfig) -> int:
         loss = loss * (run.global_tokens / run.local_tokens)
         # TP without FSDP: the norm gains' gradients are per-rank partial sums (FSDP2 would reduce them)
         reduce_partial_grads(model_parts)
-        if step == nan_step:
-            loss = loss * float("nan")
+        loss = faults.nan_loss(step, loss)  # test hook: a NaN loss in a chosen step
         grad_norm = clip_grad_norm_(
             [p for part in model_parts for p in part.parameters()],
             t.max_norm,

@@ -12,7 +12,7 @@ read anywhere else in the package or is missing from VARIABLES; docs/testing.md 
     TORCHTITAN_TEST_IO_ERROR           before_data_file  "<ERRNO name>:<step>[:<rank>]": the first write of each
                                                          checkpoint data file fails with that OSError (EIO, ENOSPC)
     TORCHTITAN_TEST_SAVE_SECONDS       before_data_file  s: each checkpoint data file waits s seconds (slow storage)
-    TORCHTITAN_TEST_NAN_STEP           nan_step          n: the trainer's loss is NaN at step n
+    TORCHTITAN_TEST_NAN_STEP           nan_loss          n: the trainer's loss is NaN at step n
     TORCHTITAN_TEST_STALL_AT_STEP      hook_stall        n: sleep in step n ...
     TORCHTITAN_TEST_STALL_SECONDS      hook_stall        ... for s seconds (default: forever)
     TORCHTITAN_TEST_NEVER_JOIN         never_join        1: the rank never reaches the rendezvous
@@ -127,6 +127,11 @@ def before_data_file(step: int, rank: int, path: str) -> None:
 def nan_step() -> int:
     """TORCHTITAN_TEST_NAN_STEP=<n>: the step whose loss the trainer makes NaN (0: none)."""
     return _int("TORCHTITAN_TEST_NAN_STEP") or 0
+
+
+def nan_loss(step: int, loss):
+    """The loss as the trainer should see it in `step`: NaN in the step TORCHTITAN_TEST_NAN_STEP names."""
+    return loss * float("nan") if step == nan_step() else loss
 
 
 def hook_stall(step: int, rank: int) -> None:
