@@ -125,19 +125,22 @@ def test_materialize_puts_rope_on_the_compute_device_under_cpu_offload(monkeypat
     memory, which needs a GPU, is off)."""
     monkeypatch.setattr(fsdp, "CPUOffloadPolicy", functools.partial(fsdp.CPUOffloadPolicy, pin_memory=False))
     init_distributed(torch.device("cpu"), 60)
-    cfg = parse_args([*TINY, "--parallelism.fsdp_cpu_offload=true"])
-    dims = ParallelDims.from_config(cfg.parallelism, 1)
-    dims.build_mesh("cpu")
-    with torch.device("meta"):
-        model = get_model_class("llama3")(model_args_from_config(cfg.model, 64))
-    parallelize(model, dims, cfg)
-    materialize(model, torch.device("meta"), cpu_offload=True)
-    assert {p.device.type for p in model.parameters()} == {"cpu"}
-    assert model.freqs_cis.device.type == "meta"
-    model.init_weights(0, local_coords=local_coords)
-    assert model.freqs_cis.device.type == "meta"  # init keeps it where materialize put it
-    materialize(model, torch.device("cpu"))  # without offload everything is on the device
-    assert model.freqs_cis.device.type == "cpu" and not model.freqs_cis.isnan().any()
+    try:
+        cfg = parse_args([*TINY, "--parallelism.fsdp_cpu_offload=true"])
+        dims = ParallelDims.from_config(cfg.parallelism, 1)
+        dims.build_mesh("cpu")
+        with torch.device("meta"):
+            model = get_model_class("llama3")(model_args_from_config(cfg.model, 64))
+        parallelize(model, dims, cfg)
+        materialize(model, torch.device("meta"), cpu_offload=True)
+        assert {p.device.type for p in model.parameters()} == {"cpu"}
+        assert model.freqs_cis.device.type == "meta"
+        model.init_weights(0, local_coords=local_coords)
+        assert model.freqs_cis.device.type == "meta"  # init keeps it where materialize put it
+        materialize(model, torch.device("cpu"))  # without offload everything is on the device
+        assert model.freqs_cis.device.type == "cpu" and not model.freqs_cis.isnan().any()
+    finally:  # the default process group would leak into later tests of this pytest process
+        torch.distributed.destroy_process_group()
 
 
 def test_environment_defaults(tmp_path, monkeypatch):
