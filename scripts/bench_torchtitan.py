@@ -167,6 +167,24 @@ def check(a: argparse.Namespace) -> dict:
 # ---- the two command lines -------------------------------------------------------------------------------------
 
 
+def shared_flags(plan: dict, a: argparse.Namespace) -> list[str]:
+    """The settings both trainers take under the same key names: batch, sequence, steps, precision, optimizer
+    kernel, warm-up, log interval and AC -- one list, so the two runs cannot drift apart."""
+    flags = [
+        f"--training.local_batch_size={plan['batch']}",
+        f"--training.seq_len={plan['seq']}",
+        f"--training.steps={a.steps}",
+        "--training.mixed_precision_param=bfloat16",
+        "--optimizer.implementation=fused",
+        "--lr_scheduler.warmup_steps=2",
+        f"--metrics.log_freq={a.interval}",
+        f"--activation_checkpoint.mode={a.ac}",
+    ]
+    if a.ac == "selective":
+        flags.append("--activation_checkpoint.selective_ac_option=op")
+    return flags
+
+
 def ours_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) -> list[str]:
     compile_, recipe = VARIANTS[variant]
     shape = {"8B": ["--model.flavor=8B", f"--model.n_layers={plan['args'].n_layers}"]}.get(plan["family"])
@@ -181,19 +199,10 @@ def ours_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) ->
         *shape,
         f"--model.tokenizer_path={plan['tokenizer']}/tokenizer.json",
         f"--model.max_seq_len={plan['args'].max_seq_len}",
-        f"--training.local_batch_size={plan['batch']}",
-        f"--training.seq_len={plan['seq']}",
-        f"--training.steps={a.steps}",
-        "--training.mixed_precision_param=bfloat16",
-        "--optimizer.implementation=fused",
-        "--lr_scheduler.warmup_steps=2",
-        f"--metrics.log_freq={a.interval}",
+        *shared_flags(plan, a),
         "--metrics.enable_tensorboard=false",
         "--job.print_config=false",
-        f"--activation_checkpoint.mode={a.ac}",
     ]
-    if a.ac == "selective":
-        cmd.append("--activation_checkpoint.selective_ac_option=op")
     cmd.append(f"--compile.enable={str(compile_).lower()}")
     if recipe:
         cmd += ["--float8.enable=true", f"--float8.recipe={recipe}"]
@@ -238,18 +247,9 @@ def peer_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) ->
         f"--model.hf_assets_path={plan.get('peer_tokenizer', plan['tokenizer'])}",
         "--training.dataset=c4_test",
         f"--training.dataset_path={CORPUS}",
-        f"--training.local_batch_size={plan['batch']}",
-        f"--training.seq_len={plan['seq']}",
-        f"--training.steps={a.steps}",
-        "--training.mixed_precision_param=bfloat16",
-        "--optimizer.implementation=fused",
-        "--lr_scheduler.warmup_steps=2",
-        f"--metrics.log_freq={a.interval}",
+        *shared_flags(plan, a),
         "--metrics.disable_color_printing",
-        f"--activation_checkpoint.mode={a.ac}",
     ]
-    if a.ac == "selective":
-        cmd.append("--activation_checkpoint.selective_ac_option=op")
     if compile_:
         cmd += ["--compile.enable", "--compile.components=model,loss"]
     if recipe:
