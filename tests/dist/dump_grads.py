@@ -14,6 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.config import parse_args
 from torchtitan.data import build_dataloader, build_tokenizer
+from torchtitan.loss import cross_entropy_loss, forward_backward
 from torchtitan.models import get_model_class, model_args_from_config
 from torchtitan.optim import clip_grad_norm_
 from torchtitan.parallel import (
@@ -25,7 +26,6 @@ from torchtitan.parallel import (
     pipeline_parallelize,
     plan_pipeline,
 )
-from torchtitan.loss import cross_entropy_loss, forward_backward
 
 
 def main():

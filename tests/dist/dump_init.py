@@ -10,14 +10,15 @@ parameters and of a forward's logits).
 
 import functools
 import json
-import os
 import sys
 
 import torch
+from teardown import leave  # tests/dist/teardown.py, beside this script
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from torchtitan.config import parse_args
+from torchtitan.loss import cross_entropy_loss
 from torchtitan.models import get_model_class, model_args_from_config
 from torchtitan.parallel import (
     ParallelDims,
@@ -28,7 +29,6 @@ from torchtitan.parallel import (
     pipeline_parallelize,
     plan_pipeline,
 )
-from torchtitan.loss import cross_entropy_loss
 
 
 def structure(model: torch.nn.Module) -> dict:
@@ -70,14 +70,8 @@ def main():
         if rank == 0:
             with open(f"{out}.json", "w") as f:
                 json.dump(wrapped, f)
-    torch.distributed.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
-    torch.distributed.destroy_process_group()
+    leave()  # together, skipping the interpreter's teardown (tests/dist/teardown.py)
 
 
 if __name__ == "__main__":
     main()
-    # Skip interpreter teardown once everything above has passed (as tests/dist/float8_tp.py does): a C++ thread
-    # is sometimes destroyed unjoined at exit ("terminate called without an active exception", SIGABRT), even
-    # after the barrier and destroy_process_group above; seen in a TP 2 run of the suite on a loaded machine.
-    sys.stdout.flush()
-    os._exit(0)

@@ -5,11 +5,9 @@ BEFORE TP and sharded with the styles float8_tp_style picks, against the same fl
 Prints 'OK <max output diff> <max grad diff>' on rank 0; any mismatch raises.
 """
 
-import os
-import sys
-
 import torch
 import torch.distributed as dist
+from teardown import leave  # tests/dist/teardown.py, beside this script
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
@@ -66,13 +64,8 @@ def main():
     assert grad_diff <= 1e-5, grad_diff
     if dist.get_rank() == 0:
         print("OK", out_diff, grad_diff)
-    dist.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
-    dist.destroy_process_group()
+    leave()  # together, skipping the interpreter's teardown (tests/dist/teardown.py)
 
 
 if __name__ == "__main__":
     main()
-    # Skip interpreter teardown: after torchao's float8 import, a C++ thread is sometimes destroyed unjoined at
-    # exit ("terminate called without an active exception", SIGABRT) once everything above has passed.
-    sys.stdout.flush()
-    os._exit(0)

@@ -12,12 +12,12 @@ Prints on rank 0 'OK <recipe> <worst loss rel diff> {collective: {payload dtype:
 """
 
 import json
-import os
 import sys
 from collections import Counter
 
 import torch
 import torch.distributed as dist
+from teardown import leave  # tests/dist/teardown.py, beside this script
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
@@ -114,13 +114,8 @@ def main():
         assert sum(dtypes.values()) == sum(n for op, n in counts.items() if name in str(op)), (by_op, counts)
     if dist.get_rank() == 0:
         print("OK", recipe, f"{worst:.2e}", json.dumps(by_op), flush=True)
-    dist.barrier()  # leave together: gloo aborts a peer whose pairs close mid-teardown
-    dist.destroy_process_group()
+    leave()  # together, skipping the interpreter's teardown (tests/dist/teardown.py)
 
 
 if __name__ == "__main__":
     main()
-    # Skip interpreter teardown: after torchao's float8 import, a C++ thread is sometimes destroyed unjoined at
-    # exit ("terminate called without an active exception", SIGABRT) once everything above has passed.
-    sys.stdout.flush()
-    os._exit(0)
