@@ -81,7 +81,7 @@ class Run:
     loss_context: Callable  # loss_parallel under tensor parallelism, else a no-op
     cp_context: Callable  # (inputs, labels) -> context that shards them over context parallel, else a no-op
     validator: Evaluator | None
-    ckpt: CheckpointManager  # what is saved, when and where; resume (checkpoint.py)
+    ckpt: CheckpointManager  # what is saved, when and where; resume (checkpoint/manager.py)
     flops_per_token: float
     fp8_flops_per_token: float  # the part done in float8 linears
     compute_dtype: torch.dtype
