@@ -42,6 +42,7 @@ from torchtitan.generate import (  # noqa: E402
 from torchtitan.generate.benchmark import device_name  # noqa: E402
 from torchtitan.log import init_logger, logger  # noqa: E402
 from torchtitan.parallel import pick_device  # noqa: E402
+from torchtitan.parallel.distributed import exit_process  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,4 +170,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # skips the interpreter's teardown in a multi-process run (see there)

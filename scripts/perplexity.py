@@ -30,6 +30,7 @@ from torchtitan.config import parse_args, validate  # noqa: E402
 from torchtitan.errors import UserError  # noqa: E402
 from torchtitan.evaluate import evaluate_checkpoint  # noqa: E402
 from torchtitan.metrics.processor import validation_metrics  # noqa: E402
+from torchtitan.parallel.distributed import exit_process  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -79,4 +80,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # skips the interpreter's teardown in a multi-process run (see there)

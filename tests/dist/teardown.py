@@ -1,20 +1,14 @@
 """How the multi-process test scripts leave after everything they check has passed."""
 
-import os
-import sys
-
 import torch.distributed as dist
+
+from torchtitan.parallel.distributed import exit_process
 
 
 def leave() -> None:
-    """Leave together, then skip the interpreter's teardown.
-
-    The barrier: gloo aborts a peer whose pairs close mid-teardown. os._exit: even after the barrier and
-    destroy_process_group, a C++ thread is sometimes destroyed unjoined at interpreter exit ("terminate called
-    without an active exception", SIGABRT), seen in TP 2 runs (with and without torchao's float8 imported) on a
-    loaded machine; the trainer has the same race, not yet fixed at its root."""
+    """Leave together (gloo aborts a peer whose pairs close mid-teardown), then without the interpreter's teardown,
+    as the trainer's entry point does (torchtitan.parallel.distributed.exit_process: a rank sometimes died of
+    SIGABRT at exit after a successful run)."""
     dist.barrier()
     dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_process(0)
