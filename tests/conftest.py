@@ -109,6 +109,24 @@ def run_train(
     return run_script(nproc, "train.py", args, timeout, env)
 
 
+def train_together(nproc: int, runs: dict[str, list[str]], root: Path, timeout: int = 900) -> dict[str, Path]:
+    """Train every named argument list in one `nproc`-rank torchrun, one run after the other
+    (tests/dist/train_many.py --together): the interpreter, torch and torchrun start once for all of them. Each run
+    writes to root/<name>; returns those folders by name. A failed run fails the call (the runs after it do not
+    run)."""
+    root.mkdir(parents=True, exist_ok=True)
+    folders = {name: root / name for name in runs}
+    spec = root / "runs.json"
+    spec.write_text(
+        json.dumps([[*args, f"--job.dump_folder={folders[name]}"] for name, args in runs.items()])
+    )
+    r = run_script(nproc, "tests/dist/train_many.py", [str(spec), "--together"], timeout)
+    assert r.returncode == 0, (
+        f"runs {', '.join(runs)} on {nproc} processes: exit {r.returncode} (output above)"
+    )
+    return folders
+
+
 # ---- checkpoint runs shared by tests/test_checkpoint.py and tests/test_faults.py ------------------------------
 
 CKPT_STEPS = 6

@@ -19,10 +19,10 @@ import sys
 
 import pytest
 
-from conftest import ROOT, shared_run
+from conftest import ROOT, shared_run, train_together
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from loss_compare import compare, loss_compare, run  # noqa: E402
+from loss_compare import PARITY_DEFAULTS, compare, loss_compare, run  # noqa: E402
 
 RTOL = 1e-5
 STEPS = 10
@@ -73,6 +73,22 @@ def single(tmp_path_factory, worker_id):
     return single_rows(tmp_path_factory, worker_id)
 
 
+def layout_rows(layouts: dict[str, tuple[int, list[str]]], root, common=SHARDED) -> dict[str, list[dict]]:
+    """Every layout (name: (processes, arguments)) trained as loss_compare.run trains it, after `common`; all layouts
+    of one world size in one torchrun (conftest.train_together). The metrics.jsonl rows by layout."""
+    rows = {}
+    for nproc in sorted({n for n, _ in layouts.values()}):
+        runs = {name: [*PARITY_DEFAULTS, *common, *a] for name, (n, a) in layouts.items() if n == nproc}
+        for name, folder in train_together(nproc, runs, root / f"{nproc}_ranks").items():
+            rows[name] = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    return layout_rows(LAYOUTS, tmp_path_factory.mktemp("layouts"))
+
+
 def check(report: str, worst: dict):
     print(report)
     print("worst:", {k: f"{v:.2e}" for k, v in worst.items()})
@@ -82,10 +98,8 @@ def check(report: str, worst: dict):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_matches_single_process(layout, single, tmp_path):
-    nproc, args = LAYOUTS[layout]
-    rows = run(nproc, [*SHARDED, *args], str(tmp_path / layout))
-    lines, worst = compare(single, rows, RTOL)
+def test_layout_matches_single_process(layout, single, layouts):
+    lines, worst = compare(single, layouts[layout], RTOL)
     check("\n".join(lines), worst)
     assert single[0]["loss/global_avg"] > 5 and single[-1]["loss/global_avg"] < single[0]["loss/global_avg"]
 

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 import torch
-from test_parity import COMMON, RTOL, SHARDED, STEPS, check, single_rows
+from test_parity import COMMON, RTOL, SHARDED, STEPS, check, layout_rows, single_rows
 
 from conftest import ROOT
 
@@ -50,11 +50,15 @@ def single(tmp_path_factory, worker_id):
     return single_rows(tmp_path_factory, worker_id)  # tests/test_parity.py's reference run, shared
 
 
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    # tests/dist/train_many.py, which layout_rows runs them with, registers the CPU kernel as CP_CPU does
+    return layout_rows(LAYOUTS, tmp_path_factory.mktemp("cp_layouts"))
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_cp_layout_matches_single_process(layout, single, tmp_path):
-    nproc, args = LAYOUTS[layout]
-    rows = run(nproc, [*SHARDED, *args], str(tmp_path / layout), script=CP_CPU)
-    lines, worst = compare(single, rows, RTOL)
+def test_cp_layout_matches_single_process(layout, single, layouts):
+    lines, worst = compare(single, layouts[layout], RTOL)
     check("\n".join(lines), worst)
 
 

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from test_parity import layout_rows
 
 from conftest import ROOT, TINY, run_script, train_env
 
@@ -57,36 +58,55 @@ def check(baseline, rows, label):
     assert all(v <= RTOL for v in worst.values()), "\n".join([label, *lines])
 
 
-@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
-def test_pp2_fsdp2(baseline, tmp_path, schedule):
+# name: (processes, arguments); the layouts of one world size train in one torchrun (test_parity.layout_rows)
+LAYOUTS = {
     # 4 ranks: pp 2 x dp_shard 2, local batch 2 per dp rank -> 2 micro-batches of 1 sequence
-    rows = run(4, [*COMMON, "--training.local_batch_size=2", *pp(schedule)], str(tmp_path))
-    check(baseline, rows, f"PP 2 x FSDP 2, {schedule}")
-
-
-def test_pp2_tp2(baseline, tmp_path):
+    "pp2_fsdp2_GPipe": (4, ["--training.local_batch_size=2", *pp("GPipe")]),
+    "pp2_fsdp2_1F1B": (4, ["--training.local_batch_size=2", *pp("1F1B")]),
     # 4 ranks: pp 2 x tp 2 (sequence + loss parallel, the defaults), dp 1; 4 micro-batches, 1F1B
-    extra = ["--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4"]
-    rows = run(4, [*COMMON, *pp("1F1B", *extra)], str(tmp_path))
-    check(baseline, rows, "PP 2 x TP 2, 1F1B")
-
-
-def test_interleaved_1f1b(baseline, tmp_path):
+    "pp2_tp2": (4, pp("1F1B", "--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4")),
     # 2 ranks x 2 stages (layers 0 | 1-2 | 3-4 | 5), 4 micro-batches
-    extra = ["--parallelism.pipeline_parallel_stages_per_rank=2", "--training.local_batch_size=4"]
-    rows = run(2, [*COMMON, *pp("Interleaved1F1B", *extra)], str(tmp_path))
-    check(baseline, rows, "PP 2, Interleaved1F1B")
-
-
-def test_zero_bubble_v_with_split_points(baseline, tmp_path):
+    "interleaved_1f1b": (
+        2,
+        pp(
+            "Interleaved1F1B",
+            "--parallelism.pipeline_parallel_stages_per_rank=2",
+            "--training.local_batch_size=4",
+        ),
+    ),
     # V placement: rank 0 holds stages 0 and 3 (embedding and head), rank 1 stages 1 and 2; uneven split
-    extra = [
-        "--parallelism.pipeline_parallel_stages_per_rank=2",
-        "--parallelism.pipeline_parallel_split_points=layers.1,layers.3,layers.5",
-        "--training.local_batch_size=4",
-    ]
-    rows = run(2, [*COMMON, *pp("ZBVZeroBubble", *extra)], str(tmp_path))
-    check(baseline, rows, "PP 2, ZBVZeroBubble, split points")
+    "zbv_split_points": (
+        2,
+        pp(
+            "ZBVZeroBubble",
+            "--parallelism.pipeline_parallel_stages_per_rank=2",
+            "--parallelism.pipeline_parallel_split_points=layers.1,layers.3,layers.5",
+            "--training.local_batch_size=4",
+        ),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    return layout_rows(LAYOUTS, tmp_path_factory.mktemp("pp_layouts"), common=COMMON)
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_pp2_fsdp2(baseline, layouts, schedule):
+    check(baseline, layouts[f"pp2_fsdp2_{schedule}"], f"PP 2 x FSDP 2, {schedule}")
+
+
+def test_pp2_tp2(baseline, layouts):
+    check(baseline, layouts["pp2_tp2"], "PP 2 x TP 2, 1F1B")
+
+
+def test_interleaved_1f1b(baseline, layouts):
+    check(baseline, layouts["interleaved_1f1b"], "PP 2, Interleaved1F1B")
+
+
+def test_zero_bubble_v_with_split_points(baseline, layouts):
+    check(baseline, layouts["zbv_split_points"], "PP 2, ZBVZeroBubble, split points")
 
 
 def test_interleaved_zero_bubble_gradients_per_parameter(tmp_path):

@@ -120,11 +120,11 @@ LAYOUTS = {
 
 
 def simulate_many(runs: list[list[str]], tmp_path, env=None) -> list[dict]:
-    """Run the trainer's main() once per argument list in one process (tests/dist/simulate_many.py)."""
+    """Run the trainer's main() once per argument list in one process (tests/dist/train_many.py)."""
     spec = tmp_path / "runs.json"
     spec.write_text(json.dumps(runs))
     r = subprocess.run(
-        [sys.executable, "tests/dist/simulate_many.py", str(spec)],
+        [sys.executable, "tests/dist/train_many.py", str(spec)],
         cwd=ROOT,
         env=env or train_env(),
         capture_output=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import os
 import socket
@@ -85,6 +86,9 @@ def _ranges(ranks: list[int]) -> str:
     return ",".join(out)
 
 
+_GROUPS = itertools.count()  # default process groups this process has created
+
+
 def init_distributed(device: torch.device, init_timeout_seconds: int) -> tuple[int, int]:
     """Initialize the default process group and return (rank, world_size).
 
@@ -107,7 +111,9 @@ def init_distributed(device: torch.device, init_timeout_seconds: int) -> tuple[i
     store.set_timeout(timeout)
     # torchrun --max-restarts keeps one store across attempts: prefix the keys with the attempt, or a restarted
     # group reads the dead attempt's addresses (found by the checkpoint work).
-    store = dist.PrefixStore(f"/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    # A process that trains more than once (tests/dist/train_many.py) starts each group on fresh keys too.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"/attempt_{attempt}/group_{next(_GROUPS)}", store)
     _wait_for_all_ranks(store, rank, world_size, init_timeout_seconds)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(

@@ -1,0 +1,52 @@
+"""Several training runs in one process per rank, one after the other, each as `train.py ARGS` runs it.
+
+    python tests/dist/train_many.py RUNS.json                                   # simulations, error cases
+    torchrun --nproc_per_node 4 tests/dist/train_many.py RUNS.json --together   # layouts of one world size
+
+RUNS.json: [[arg, ...], ...]. Rank 0 prints `RESULTS [{"rc": ..., "stderr": ...}, ...]`, one entry per run.
+Saves the interpreter's, torch's and torchrun's start-up per run (tests/test_simulate.py, the parity tests):
+tests/test_parity.py's 4 layouts in one 4-rank torchrun took 52 CPU-s against 82 for 4 torchruns, with
+metrics.jsonl identical to the separate runs'. Each run creates and destroys its own default process group.
+Alone, a failed run is its result (with its stderr) and the next one runs, and the script exits 0. With
+--together (the ranks of one torchrun world) stderr stays on the console and the ranks stop at the first failed
+run, whose peers may be waiting in a collective, exiting with its code.
+Not for two pipeline layouts of the same world and mesh in a row: torch's cached process-group names then point
+at the previous run's groups. torch's context-parallel ring attention gets the CPU kernel first
+(tests/cp_cpu_kernel.py), so context-parallel layouts run too.
+"""
+
+import contextlib
+import gc
+import io
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cp_cpu_kernel
+
+import cp_cpu_kernel  # noqa: E402
+
+from torchtitan.parallel.distributed import exit_process  # noqa: E402
+from torchtitan.train import main  # noqa: E402
+
+if __name__ == "__main__":
+    cp_cpu_kernel.install()
+    together = "--together" in sys.argv[2:]
+    results = []
+    for argv in json.loads(Path(sys.argv[1]).read_text()):
+        err = io.StringIO()
+        with contextlib.nullcontext() if together else contextlib.redirect_stderr(err):
+            try:
+                rc = main(argv)
+            except Exception:  # a crash is this run's result, not the end of the others
+                traceback.print_exc()
+                rc = 1
+        results.append({"rc": rc, "stderr": err.getvalue()[-2000:]})
+        gc.collect()  # the trainer disables the cyclic GC during a run
+        if together and rc:
+            break
+    if os.environ.get("RANK", "0") == "0":
+        print("RESULTS " + json.dumps(results), flush=True)
+    exit_process(results[-1]["rc"] if together and results else 0)
