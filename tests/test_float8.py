@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from test_parity import layout_rows
 
 from conftest import ROOT, TINY, run_script
 from torchtitan.config import JobConfig, validate
@@ -171,11 +172,12 @@ def test_float8_recipes_track_bf16_for_50_steps(monkeypatch, tmp_path):
         "--training.mixed_precision_param=bfloat16",
         "--float8.min_dim=16",
     ]
-    baseline = lc.run(1, common, str(tmp_path / "bf16"))
-    for recipe in ("tensorwise", "rowwise"):
-        rows = lc.run(
-            1, [*common, "--float8.enable=true", f"--float8.recipe={recipe}"], str(tmp_path / recipe)
-        )
+    recipes = ("tensorwise", "rowwise")
+    runs = {"bf16": (1, []), **{r: (1, ["--float8.enable=true", f"--float8.recipe={r}"]) for r in recipes}}
+    trained = layout_rows(runs, tmp_path, common)  # the three runs in one process
+    baseline = trained["bf16"]
+    for recipe in recipes:
+        rows = trained[recipe]
         assert len(rows) == 50
         assert all(math.isfinite(r["loss/global_avg"]) and math.isfinite(r["grad_norm"]) for r in rows)
         lines, worst10 = lc.compare(baseline[:10], rows[:10], rtol=2e-3)
@@ -190,7 +192,7 @@ def test_float8_recipes_track_bf16_for_50_steps(monkeypatch, tmp_path):
         assert max(windows) <= 4e-2 and windows[-1] <= 2e-2, (recipe, windows, report)
 
 
-def test_fsdp_float8_all_gather_with_precomputed_scales(monkeypatch):
+def test_fsdp_float8_all_gather_with_precomputed_scales(monkeypatch, tmp_path):
     """FSDP2 over 2 ranks: float8 all-gather + precomputed scales vs bf16 all-gather of the same float8 model.
 
     Not bitwise: with the float8 all-gather the weight is cast fp32 -> e4m3 directly, without it fp32 -> bf16
@@ -200,18 +202,17 @@ def test_fsdp_float8_all_gather_with_precomputed_scales(monkeypatch):
     lc = _loss_compare()
     common = [*TINY, "--training.steps=5", "--training.mixed_precision_param=bfloat16"]
     common += ["--float8.enable=true", "--float8.min_dim=16"]
-    ok, report, worst = lc.loss_compare(
-        ["--float8.enable_fsdp_float8_all_gather=false"],
-        [
-            "--float8.enable_fsdp_float8_all_gather=true",
-            "--float8.precompute_float8_dynamic_scale_for_fsdp=true",
-        ],
-        nproc_a=2,
-        nproc_b=2,
-        common=common,
-        rtol=1e-3,
-    )
-    assert ok, report
+    float8_all_gather = [
+        "--float8.enable_fsdp_float8_all_gather=true",
+        "--float8.precompute_float8_dynamic_scale_for_fsdp=true",
+    ]
+    runs = {
+        "bf16_gather": (2, ["--float8.enable_fsdp_float8_all_gather=false"]),
+        "float8_gather": (2, float8_all_gather),
+    }
+    trained = layout_rows(runs, tmp_path, common)  # both in one torchrun
+    lines, worst = lc.compare(trained["bf16_gather"], trained["float8_gather"], rtol=1e-3)
+    assert all(v <= 1e-3 for v in worst.values()), "\n".join(lines)
 
 
 def test_float8_under_selective_op_ac_saves_odd_matmuls_and_amax_and_is_bitwise_equal():

@@ -13,7 +13,7 @@ import json
 import pytest
 from tokenizer_assets import write_hf_folder, write_tiktoken_file
 
-from conftest import ROOT, import_script, losses, run_script, run_train, train_env
+from conftest import ROOT, import_script, losses, run_script, train_env, train_together
 from torchtitan.config import parse_args
 from torchtitan.config import torchtitan_compat as compat
 from torchtitan.config.manager import ConfigError, _load_toml
@@ -306,20 +306,21 @@ def converted_debug(toks, tmp_path_factory):
 SMALL = ["--training.seq_len=64", "--training.local_batch_size=2", "--metrics.peak_tflops=1"]
 
 
+@pytest.fixture(scope="module")
+def trained(converted_debug, tmp_path_factory):
+    """Each era's converted debug config, 3 steps on 2 processes (the three runs in one torchrun)."""
+    runs = {}
+    for era in ERAS:
+        runs[era] = [f"--job.config_file={converted_debug[era]}", "--training.steps=3", *SMALL]
+        if era == "2024":  # also save, for the perplexity and generation check below
+            runs[era] += ["--checkpoint.enable=true"]
+    return train_together(2, runs, tmp_path_factory.mktemp("trained"), timeout=300)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("era", ERAS)
-def test_converted_debug_config_trains_on_cpu_with_2_processes(era, converted_debug, tmp_path):
-    out = tmp_path / "run"
-    args = [
-        f"--job.config_file={converted_debug[era]}",
-        f"--job.dump_folder={out}",
-        "--training.steps=3",
-        *SMALL,
-    ]
-    if era == "2024":  # also save, for the perplexity and generation check below
-        args += ["--checkpoint.enable=true"]
-    r = run_train(2, args, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_converted_debug_config_trains_on_cpu_with_2_processes(era, converted_debug, trained):
+    out = trained[era]
     loss = losses(out)
     assert sorted(loss) == [1, 2, 3] and all(v == v for v in loss.values())
     if era != "2024":

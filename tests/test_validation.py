@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+from test_parity import layout_rows
 
 from conftest import ROOT, run_script, train_env
 
@@ -81,10 +82,19 @@ def test_training_unchanged_by_validation(single, tmp_path):
     assert not validation(plain)
 
 
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """The 2-process runs in one torchrun (test_parity.layout_rows): LAYOUTS and CP 2, whose CPU kernel
+    tests/dist/train_many.py registers as tests/dist/train_cp_cpu.py does."""
+    cp2 = ["--training.local_batch_size=4", "--parallelism.context_parallel_degree=2"]
+    return layout_rows(
+        {**LAYOUTS, "cp2": (2, cp2)}, tmp_path_factory.mktemp("layouts"), [*COMMON, *VALIDATION]
+    )
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_validation_same_in_every_layout(single, tmp_path, layout):
-    nproc, args = LAYOUTS[layout]
-    rows = run(nproc, [*COMMON, *args, *VALIDATION], str(tmp_path / layout))
+def test_validation_same_in_every_layout(single, layouts, layout):
+    rows = layouts[layout]
     base, got = validation(single[1]), validation(rows)
     assert sorted(got) == sorted(base)
     for step in base:
@@ -97,12 +107,10 @@ def test_validation_same_in_every_layout(single, tmp_path, layout):
         )
 
 
-def test_validation_under_context_parallel(single, tmp_path):
+def test_validation_under_context_parallel(single, layouts):
     """CP 2 (through the test-only CPU kernel registration of tests/test_parity_cp.py): each cp rank's share
     of every sequence is added up; the cached batches are not sharded in place between evaluations."""
-    args = ["--training.local_batch_size=4", "--parallelism.context_parallel_degree=2", *VALIDATION]
-    rows = run(2, [*COMMON, *args], str(tmp_path / "cp2"), script="tests/dist/train_cp_cpu.py")
-    base, got = validation(single[1]), validation(rows)
+    base, got = validation(single[1]), validation(layouts["cp2"])
     assert sorted(got) == [2, 4]
     for step in base:
         assert got[step] == pytest.approx(base[step], rel=RTOL), (step, got[step], base[step])
