@@ -1,6 +1,10 @@
 """Build the debug model in the layout given on the command line, initialize it, save the FULL weights.
 
     torchrun --nproc_per_node 2 tests/dist/dump_init.py OUT.pt [--section.key=value ...]
+    torchrun --nproc_per_node 2 tests/dist/dump_init.py --many SPEC.json    # [[OUT.pt, arg, ...], ...]
+
+With --many, one layout after the other in the same processes (each on its own process group), which saves the
+start-up of a torchrun per layout.
 
 Every rank writes the full (gathered over FSDP/TP) values of the parameters it holds to OUT.pt.<rank>; the test
 merges them by name, so pipeline stages on different ranks together give the whole model. Without pipeline
@@ -13,6 +17,7 @@ import json
 import sys
 
 import torch
+import torch.distributed as dist
 from teardown import leave  # tests/dist/teardown.py, beside this script
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -42,8 +47,7 @@ def structure(model: torch.nn.Module) -> dict:
     }
 
 
-def main():
-    out, argv = sys.argv[1], sys.argv[2:]
+def dump(out: str, argv: list[str]) -> None:
     cfg = parse_args(argv)
     device = torch.device("cpu")
     rank, world = init_distributed(device, 60)
@@ -70,8 +74,17 @@ def main():
         if rank == 0:
             with open(f"{out}.json", "w") as f:
                 json.dump(wrapped, f)
-    leave()  # together, skipping the interpreter's teardown (tests/dist/teardown.py)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--many":
+        with open(sys.argv[2]) as f:
+            jobs = json.load(f)
+    else:
+        jobs = [sys.argv[1:]]
+    for i, (out, *argv) in enumerate(jobs):
+        if i:  # the next layout builds its own default group
+            dist.barrier()
+            dist.destroy_process_group()
+        dump(out, argv)
+    leave()  # together, skipping the interpreter's teardown (tests/dist/teardown.py)
