@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
+from test_parity import layout_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import TINY, import_script
@@ -112,17 +113,20 @@ def test_selective_op_saves_every_other_matmul_and_recomputes_cheap_ops():
 def test_ac_modes_train_bitwise_equal(monkeypatch, tmp_path):
     """10 fp32 training steps: none vs full, selective every 2nd block and selective per-op give identical
     losses and grad norms (rtol 0): recomputation replays the same kernels on the same inputs.
-    Uses loss_compare's own run() and compare() so the baseline is trained once, not once per pair."""
+    Trained as loss_compare trains (its defaults), the four runs in one process (test_parity.layout_rows), so
+    the baseline is trained once, not once per pair."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     lc = import_script("loss_compare")
-    common = [*TINY, "--training.steps=10"]
-    baseline = lc.run(1, common, str(tmp_path / "none"))
-    for args in (
-        ["--activation_checkpoint.mode=full"],
-        ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=2"],
-        ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"],
-    ):
-        rows = lc.run(1, [*common, *args], str(tmp_path / args[-1].split("=")[-1]))
+    modes = {
+        "full": ["--activation_checkpoint.mode=full"],
+        "2": ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=2"],
+        "op": ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"],
+    }
+    runs = {"none": (1, []), **{name: (1, args) for name, args in modes.items()}}
+    trained = layout_rows(runs, tmp_path, [*TINY, "--training.steps=10"])
+    baseline = trained["none"]
+    for name in modes:
+        rows = trained[name]
         lines, worst = lc.compare(baseline, rows, rtol=0.0)
         assert len(rows) == 10
         assert worst == {"loss/global_avg": 0.0, "grad_norm": 0.0}, "\n".join(lines)
