@@ -10,8 +10,9 @@ metrics.jsonl identical to the separate runs'. Each run creates and destroys its
 Alone, a failed run is its result (with its stderr) and the next one runs, and the script exits 0. With
 --together (the ranks of one torchrun world) stderr stays on the console and the ranks stop at the first failed
 run, whose peers may be waiting in a collective, exiting with its code.
-Not for two pipeline layouts of the same world and mesh in a row: torch's cached process-group names then point
-at the previous run's groups. torch's context-parallel ring attention gets the CPU kernel first
+With the fake backend, not for two pipeline layouts of the same world and mesh in a row: torch's cached
+process-group names then point at the previous run's groups (gloo runs are not affected: tests/test_parity_pp.py
+trains GPipe, 1F1B and PP x TP in a row). torch's context-parallel ring attention gets the CPU kernel first
 (tests/cp_cpu_kernel.py), so context-parallel layouts run too.
 """
 

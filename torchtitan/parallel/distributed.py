@@ -62,6 +62,10 @@ def _wait_for_all_ranks(store, rank: int, world_size: int, timeout_s: float) -> 
     store.set(f"{prefix}/{rank}", socket.gethostname())
     store.add(f"{prefix}/count", 1)
     deadline = time.monotonic() + timeout_s
+    # Thousands of ranks polling one store: poll slower. A small world starts at 10 ms and backs off to the same
+    # cap, so its ranks do not wait half a second after the last one has joined.
+    cap = min(5.0, 0.5 + world_size / 1000)
+    delay = 0.01 if world_size <= 64 else cap
     while store.add(f"{prefix}/count", 0) < world_size:  # one counter read per poll, not world_size key reads
         if time.monotonic() > deadline:
             missing = [r for r in range(world_size) if not store.check([f"{prefix}/{r}"])]
@@ -71,7 +75,8 @@ def _wait_for_all_ranks(store, rank: int, world_size: int, timeout_s: float) -> 
                 f"rank {rank}: rank(s) {_ranges(missing)} of {world_size} did not join within {timeout_s:.0f} s"
                 f" (comm.init_timeout_seconds); check those ranks' logs and nodes"
             )
-        time.sleep(min(5.0, 0.5 + world_size / 1000))  # thousands of ranks polling one store: poll slower
+        time.sleep(delay)
+        delay = min(cap, 2 * delay)
 
 
 def _ranges(ranks: list[int]) -> str:
