@@ -12,7 +12,17 @@ import sys
 
 import pytest
 
-from conftest import CKPT_ARGS, CKPT_ARGS2, CKPT_STEPS, ROOT, losses, run_train, steps_in, train_env
+from conftest import (
+    CKPT_ARGS,
+    CKPT_ARGS2,
+    CKPT_STEPS,
+    ROOT,
+    losses,
+    run_train,
+    steps_in,
+    train_env,
+    train_together,
+)
 from torchtitan.checkpoint import verify_checkpoint
 from torchtitan.errors import UserError
 from torchtitan.host_sync import EXIT_PREEMPTED
@@ -99,18 +109,27 @@ def test_fsdp2_torchrun_restart_after_rank_killed_is_bitwise_identical(straight2
     assert steps_in(tmp_path) == [3, 6]
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [["--parallelism.tensor_parallel_degree=2"], ["--parallelism.pipeline_parallel_degree=2"]],
-    ids=["tp2", "pp2"],
-)
-def test_reshard_fsdp2_to_tp2_or_pp2(straight2, tmp_path, layout):
+RESHARD = {
+    "tp2": ["--parallelism.tensor_parallel_degree=2"],
+    "pp2": ["--parallelism.pipeline_parallel_degree=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def resharded(straight2, tmp_path_factory):
+    """straight2's step 3 resumed in each layout of RESHARD (both in one torchrun): the dump folders by layout."""
+    root = tmp_path_factory.mktemp("reshard")
+    for name in RESHARD:
+        shutil.copytree(straight2 / "checkpoint" / "step-3", root / name / "checkpoint" / "step-3")
+    runs = {name: [*ARGS2, "--training.local_batch_size=4", *layout] for name, layout in RESHARD.items()}
+    return train_together(2, runs, root)
+
+
+@pytest.mark.parametrize("layout", list(RESHARD))
+def test_reshard_fsdp2_to_tp2_or_pp2(straight2, resharded, layout):
     """FSDP 2 checkpoint (async-saved) -> TP 2 (DTensor placements change) or PP 2 (each rank loads its stage's
     half of the parameters and optimizer state). The dp degree drops to 1; data.num_shards=2 keeps the data exact."""
-    shutil.copytree(straight2 / "checkpoint" / "step-3", tmp_path / "checkpoint" / "step-3")
-    r = run_train(2, ARGS2 + [f"--job.dump_folder={tmp_path}", "--training.local_batch_size=4", *layout])
-    assert r.returncode == 0
-    ref, got = losses(straight2), losses(tmp_path)
+    ref, got = losses(straight2), losses(resharded[layout])
     assert sorted(got) == [4, 5, 6]
     for s in got:
         assert got[s] == pytest.approx(ref[s], rel=1e-5, abs=1e-5), s

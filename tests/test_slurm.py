@@ -136,7 +136,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(jobs):
         return info.get("Restarts") == "1" and info.get("JobState") in ("PENDING", "RUNNING", "COMPLETED")
 
     wait_for(requeued, 300, f"job {job} to be requeued")
-    # SLURM starts a requeued job once its revoked credential has expired (AuthInfo=cred_expire, 30 s on the
+    # SLURM starts a requeued job once its revoked credential has expired (AuthInfo=cred_expire, 10 s on the
     # test cluster: scripts/ci/start_slurm.sh). Forcing StartTime=now before that made the job fail at times:
     # "Killing non-startable batch JobId=2: Job credential revoked" (ctld.log).
     state = wait_for(lambda: finished(env, job), 600, f"requeued job {job} to finish")
