@@ -8,7 +8,9 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             loop) relative to the best shape, times a power factor for parts run below their TDP.
   float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure). rowwise: the CUTLASS rowwise
             kernel in the forward, and in the backward cuBLAS with unit scales plus a separate rescale pass of
-            the output (torchao does this because the CUTLASS kernel without fast accumulation is slow).
+            the output (torchao does this because the CUTLASS kernel without fast accumulation is slow). On Hopper
+            with compiled blocks a rowwise linear is priced as a whole by torchao's measured speedup table over bf16
+            (ROWWISE_SPEEDUP, by forward M, K, N).
   attention FlashAttention-2 (torch SDPA's flash backend) forward and backward TFLOPS by sequence length, head
             dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus);
             the same power factor.
