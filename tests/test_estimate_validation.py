@@ -73,9 +73,6 @@ _TP8_8B_ASYNC = (
     " estimator overstates: not explained further"
 )
 OUTSIDE: dict[tuple[str, str], str] = {
-    ("cpu_debug_1proc", "max RSS GiB"): "CPU resident memory keeps what glibc does not return and CPU kernel"
-    " scratch (oneDNN bf16 reorders, SDPA per-thread buffers): not modelled",
-    ("cpu_debug_2proc", "max RSS GiB"): "same as the 1-process row",
     ("h200_1b_single_compile", "memory GiB"): _SINGLE_MEM,
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_MEM,
     ("h200_3b_single_compile", "memory GiB"): _SINGLE_MEM,

@@ -33,6 +33,13 @@ class Efficiency:
     # ---- memory ----
     fragmentation: float = 0.05  # caching-allocator reserved / allocated at the peak
     allocator_fixed_gib: float = 0.5  # cuBLAS/cuDNN workspaces and small pools held in the allocator
+    # CPU (with a measured runtime): glibc's heap keeps part of the tensor memory a step frees. Its mmap threshold
+    # rises to the largest block freed (mallopt(3), M_MMAP_THRESHOLD, dynamic up to 32 MiB), so from the first step
+    # on the tensors of a small model live in the heap, whose freed holes stay resident. Measured as resident peak
+    # with glibc's defaults minus with MALLOC_MMAP_THRESHOLD_=131072 (every tensor unmapped when freed), over the
+    # estimated tensor peak: debug model at batch 4 0.036 / 0.174 GiB = 0.21, debugmodel_large at batch 2
+    # 0.078 / 0.454 GiB = 0.17; the mean. docs/estimate.md, "CPU resident memory".
+    cpu_heap_retention: float = 0.19
     # CUDA context + NCCL buffers: outside the allocator, counted only for `fits`
     cuda_context_gib: float = 1.0
     # ---- inference (decode reads every weight once per step: bandwidth-bound) ----
