@@ -10,8 +10,8 @@ Measured, each for a fraction of a second:
                 CPU), at the size of one block's parameters: bus bandwidth
   runtime RSS   CPU only: resident memory of a process holding the trainer's runtime without a model: the
                 trainer's build for the config (imports, tokenizer, dataset, process group, metrics) and two
-                steps of a one-block width-64 model (the kernels' code and data pages) -- the baseline under
-                everything a run allocates
+                steps of a one-block width-64 model (the kernels' code and data pages), less that model's own
+                weights, gradients and AdamW moments -- the baseline under everything a run allocates
 With several processes every micro-benchmark runs in all of them at once (rank 0 reports), so cores, memory
 bandwidth and links are shared as they will be in the run. CPU processes get the threads the launcher gives them
 (torchrun: 1 thread each when there are several).
@@ -183,14 +183,23 @@ for _ in range(2):
     inputs, labels = next(data)
     forward_backward(run.model_parts, inputs, labels, run.global_tokens, run.loss_context, run.pp, run.loss_fn)
     run.optimizer.step()
-print(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+# the probe model's own weights, gradients and AdamW moments are not runtime (with a large vocabulary they are not
+# small: the embedding and head keep the tokenizer's vocabulary)
+def nbytes(t):
+    t = getattr(t, "_local_tensor", t)  # a DTensor's shard on this rank
+    return t.numel() * t.element_size()
+params = [p for part in run.model_parts for p in part.parameters()]
+own = sum(nbytes(p) + (nbytes(p.grad) if p.grad is not None else 0) for p in params)
+own += sum(nbytes(v) for st in run.optimizer.state.values() for v in st.values() if hasattr(v, "numel"))
+print(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") - own)
 """
 
 
 def runtime_rss_gib(argv: list[str], threads: int | None = None) -> float | None:
     """Resident memory of a fresh process holding the trainer's runtime but (almost) no model: the trainer's build
     for the config (imports, tokenizer, dataset, process group, metrics) and two steps of a one-block width-64
-    model, which page in the kernels a step runs -- the CPU baseline under a run's own tensors. `threads`: the
+    model, which page in the kernels a step runs, less that model's own tensors -- the CPU baseline under a run's
+    own tensors. `threads`: the
     run's threads per process (per-thread kernel buffers), default the caller's."""
     # a world of its own (one process), whatever launcher started the caller
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
