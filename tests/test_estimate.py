@@ -521,3 +521,23 @@ def test_float8_tensorwise_tp_all_gathers_are_priced_at_one_byte():
     assert (
         rowwise == pytest.approx(bf16) and 0.7 * bf16 < fp8 < 0.8 * bf16
     )  # half of 8 collectives' bytes: 3/4
+
+
+def test_cpu_resident_memory_counts_measured_runtime_and_heap_retention():
+    """On CPU the overhead is the measured runtime plus glibc's heap retention of the tensors; with no measured
+    runtime (preflight, simulated ranks) it is nothing: the tensors alone."""
+    from torchtitan.estimate.memory import rank_memory
+    from torchtitan.estimate.plan import build_plan
+
+    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--estimate.hardware=cpu"])
+    cal = Calibration(device="cpu", matmul_peak_tflops=0.05, hbm_gbps=10.0)
+    bare = rank_memory(build_plan(cfg, cal, require_rates=False), 0)
+    assert bare["allocator_and_comm_overhead"] == 0.0
+    cal.runtime_rss_gib = 0.5
+    parts = rank_memory(build_plan(cfg, cal, require_rates=False), 0)
+    tensors = sum(v for k, v in parts.items() if k != "allocator_and_comm_overhead")
+    assert tensors == pytest.approx(sum(v for k, v in bare.items() if k != "allocator_and_comm_overhead"))
+    assert parts["allocator_and_comm_overhead"] == pytest.approx(
+        0.5 * 2**30 + DEFAULT.cpu_heap_retention * tensors
+    )
+    assert 0 < DEFAULT.cpu_heap_retention < 1
