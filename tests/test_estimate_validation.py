@@ -72,6 +72,15 @@ _TP8_8B_ASYNC = (
     " already high: 8B split 8 ways leaves per-rank GEMMs with N = 128..1792, whose sustained rate and overlap the"
     " estimator overstates: not explained further"
 )
+_FMS_H100 = (
+    "IBM fms-fsdp on 96 H100 80GB (FSDP1, Llama 2 7B/34B/70B, out of sample: 7B eager +30.5 %, compiled +20.0 %,"
+    " 34B +19.6 %, 70B +17.9 %) while the same scripts on their 128 A100s fit (-3.5..+10.4 %): the source itself"
+    " calls the H100 gap 'more glaring' (MFU 0.37 / 0.34 against 0.57 / 0.50 on A100). The estimate has the"
+    " FSDP traffic mostly hidden (0.06 s of a 0.84 s 7B step, 0.6 of 8.7 s at 70B) on an 800 Gb/s per node"
+    " network taken at InfiniBand's 0.96 of line rate; the cluster's fabric (IBM Cloud's Vela is Ethernet/RoCE),"
+    " its NCCL bus bandwidth, the H100s' power limit and FSDP1's limit_all_gathers rate limiter are not published:"
+    " not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile", "memory GiB"): _SINGLE_MEM,
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_MEM,
@@ -101,6 +110,15 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("h100_8b_fsdp8_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_bf16_2025_06", "tokens/s/device"): _TP8_8B_ASYNC,
+    **{
+        (f"fms_h100_llama2_{m}", "tokens/s/device"): _FMS_H100
+        for m in (
+            "7b_hsdp8x12_none_eager",
+            "34b_fsdp96_full_eager",
+            "70b_fsdp96_full_eager",
+            "7b_hsdp8x12_none_compile",
+        )
+    },
 }
 
 
@@ -127,7 +145,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.3 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 5.5 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
