@@ -81,6 +81,18 @@ _FMS_H100 = (
     " its NCCL bus bandwidth, the H100s' power limit and FSDP1's limit_all_gathers rate limiter are not published:"
     " not explained"
 )
+_GPT_FAST_70B_TP2 = (
+    "gpt-fast Llama-3.1-70B bf16 on 2 A100 (out of sample +31.9 %): the published 16.03 tokens/s is 25 % below"
+    " the same table's Llama-2-70B on 2 GPUs (21.32) at nearly the same weight bytes per GPU (~70 of 80 GB), and"
+    " its reported bandwidth (1,131 GB/s) is below every other bf16 row of the table (1,182-1,482); the 2-GPU"
+    " Llama-2-70B, the 4- and 8-GPU Llama-3.1-70B rows fit (+0.1 %, -0.5 %, +4.0 %): not explained"
+)
+_GPT_FAST_405B = (
+    "gpt-fast Llama-3.1-405B int8 on 8 A100 (out of sample +34.2 %): the published 15.60 tokens/s implies 816 GB/s"
+    " of weights read per GPU against 1,060 in the estimate; the 8-GPU int8 70B rows of the same table fit (-0.9 %,"
+    " +4.8 %); what costs the 405B run more per byte (its 16384-wide int8 matrices, the 126-layer graph) is not"
+    " published: not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile", "memory GiB"): _SINGLE_MEM,
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_MEM,
@@ -119,6 +131,8 @@ OUTSIDE: dict[tuple[str, str], str] = {
             "7b_hsdp8x12_none_compile",
         )
     },
+    ("a100x2_llama31_70b_bf16_tp2", "decode tokens/s"): _GPT_FAST_70B_TP2,
+    ("a100x8_llama31_405b_int8_tp8", "decode tokens/s"): _GPT_FAST_405B,
 }
 
 
@@ -145,7 +159,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.5 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 5.1 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
