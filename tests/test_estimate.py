@@ -25,6 +25,7 @@ from torchtitan.estimate import (
 )
 from torchtitan.estimate.__main__ import main as estimate_main
 from torchtitan.estimate.activations import BlockShape, backward_working_set_per_token, saved_per_token
+from torchtitan.estimate.efficiency import DEFAULT
 from torchtitan.estimate.plan import Calibration
 from torchtitan.estimate.search import layout_flags, search
 from torchtitan.estimate.training import float8_flops_per_token
@@ -419,8 +420,11 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     assert cal["collective_gbps"] > 0 and cal["hbm_gbps"] > 0 and cal["attention_tflops"] > 0
     assert 0.1 < cal["runtime_rss_gib"] < 4
     assert data["hardware"]["calibrated"] and data["fits"]
-    assert data["memory_breakdown_gib"]["allocator_and_comm_overhead"] == pytest.approx(
-        cal["runtime_rss_gib"]
+    # the measured runtime + what glibc's heap keeps of the run's tensors (efficiency.cpu_heap_retention)
+    parts = dict(data["memory_breakdown_gib"])
+    overhead = parts.pop("allocator_and_comm_overhead")
+    assert overhead == pytest.approx(
+        cal["runtime_rss_gib"] + DEFAULT.cpu_heap_retention * sum(parts.values())
     )
 
 
@@ -517,3 +521,23 @@ def test_float8_tensorwise_tp_all_gathers_are_priced_at_one_byte():
     assert (
         rowwise == pytest.approx(bf16) and 0.7 * bf16 < fp8 < 0.8 * bf16
     )  # half of 8 collectives' bytes: 3/4
+
+
+def test_cpu_resident_memory_counts_measured_runtime_and_heap_retention():
+    """On CPU the overhead is the measured runtime plus glibc's heap retention of the tensors; with no measured
+    runtime (preflight, simulated ranks) it is nothing: the tensors alone."""
+    from torchtitan.estimate.memory import rank_memory
+    from torchtitan.estimate.plan import build_plan
+
+    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--estimate.hardware=cpu"])
+    cal = Calibration(device="cpu", matmul_peak_tflops=0.05, hbm_gbps=10.0)
+    bare = rank_memory(build_plan(cfg, cal, require_rates=False), 0)
+    assert bare["allocator_and_comm_overhead"] == 0.0
+    cal.runtime_rss_gib = 0.5
+    parts = rank_memory(build_plan(cfg, cal, require_rates=False), 0)
+    tensors = sum(v for k, v in parts.items() if k != "allocator_and_comm_overhead")
+    assert tensors == pytest.approx(sum(v for k, v in bare.items() if k != "allocator_and_comm_overhead"))
+    assert parts["allocator_and_comm_overhead"] == pytest.approx(
+        0.5 * 2**30 + DEFAULT.cpu_heap_retention * tensors
+    )
+    assert 0 < DEFAULT.cpu_heap_retention < 1

@@ -31,11 +31,13 @@ _PP_MEM = (
     " leave 18 GiB of the 1F1B rank unexplained"
 )
 _MI300X = (
-    "MI300X (+41..+45 %, the same for bf16, tensorwise and rowwise: float8's extra work is priced right, the"
-    " gap is common to all three): flash attention now at CK FA2's published MI300X plateaus (an upper bound for"
-    " SDPA's AOTriton) and float8 at hipBLASLt's published 8192^3 rate, but the bf16 GEMM rate is the MAMF measured"
-    " with PYTORCH_TUNABLEOP_ENABLED=1 (668 TFLOPS) and the torchtitan run did not tune; no untuned figure at these"
-    " shapes is published"
+    "MI300X (+40..+44 %, the same for bf16, tensorwise and rowwise: float8's extra work is priced right, the"
+    " gap is common to all three): flash attention at CK FA2's published MI300X plateaus (an upper bound for"
+    " SDPA's AOTriton), float8 at hipBLASLt's published 8192^3 rate, RCCL rings at the measured 8-GPU bus"
+    " bandwidth, but the bf16 GEMM rate is the MAMF measured with PYTORCH_TUNABLEOP_ENABLED=1 (668 TFLOPS) and the"
+    " torchtitan run did not tune; no untuned figure at these shapes is published. AMD's own characterization of"
+    " this workload (Llama 3 8B, FSDP, 8 x MI300X; Kurzynski, Aga, Wu, arXiv 2512.08242) names clock frequency"
+    " (DVFS) as the largest loss against theoretical throughput; its figures were not readable here"
 )
 _A100 = (
     "A100 cluster of torchtitan's 2024 tables (network not described): priced as DGX A100 (8 x 200 Gb/s per node,"
@@ -55,12 +57,14 @@ _SINGLE_MEM = (
     " keeps between the graphs, which the activation model approximates per op"
 )
 _TP8_8B_ROWWISE = (
-    "Llama 3 8B, FSDP 8 x TP 8, float8 rowwise, torchtitan 820504e (out of sample: vanilla +19.4 %, async +28.0 %):"
-    " the source itself flags this baseline as low (pytorch/torchtitan#1207, whose root cause is that with the"
-    " toml's filter (output only) the attention wk/wv linears, 4096 x 1024 sharded to 128 columns per TP rank,"
-    " run ~40 % slower in float8 rowwise than in bf16; fixed by torchao#2410 / torchtitan#1319's per-recipe layer"
-    " filter): the estimator prices each converted shard at the CUTLASS rowwise rate for its shape, not that build's"
-    " slowdown; the 70B rowwise rows, whose shards are 8x larger, fit (+7.6 / +14.7 %)"
+    "Llama 3 8B, FSDP 8 x TP 8, float8 rowwise, torchtitan 820504e (out of sample: vanilla +19.4 %, async +28.0 %;"
+    " +16.1 / +24.0 % since rowwise linears are priced by torchao's measured H100 speedup table): the source itself"
+    " flags this baseline as low (pytorch/torchtitan#1207, whose root cause is that with the toml's filter (output"
+    " only) the attention wk/wv linears, 4096 x 1024 sharded to 128 columns per TP rank, run ~40 % slower in float8"
+    " rowwise than in bf16; fixed by torchao#2410 / torchtitan#1319's per-recipe layer filter): torchao's table"
+    " starts at N = 1024 and the estimator does not extrapolate below it (wq, wk, wv shards have N = 512, 128,"
+    " 128), so these shards are priced at the table's smallest-N speedup; the 70B rowwise rows, whose shards are"
+    " 8x larger, fit (+3.1 / +9.4 %)"
 )
 _TP8_8B_ASYNC = (
     "Llama 3 8B, FSDP 8 x TP 8, async TP, bf16 (out of sample +18.9 %; vanilla TP +13.5 %): the published async-TP"
@@ -68,10 +72,29 @@ _TP8_8B_ASYNC = (
     " already high: 8B split 8 ways leaves per-rank GEMMs with N = 128..1792, whose sustained rate and overlap the"
     " estimator overstates: not explained further"
 )
+_FMS_H100 = (
+    "IBM fms-fsdp on 96 H100 80GB (FSDP1, Llama 2 7B/34B/70B, out of sample: 7B eager +30.5 %, compiled +20.0 %,"
+    " 34B +19.6 % (batch 8: +18.6 %), 70B +17.9 % (batch 6: +19.6 %); 13B at batch 1 fits, +5.1 %) while the same"
+    " scripts on their 128 A100s fit (-3.5..+10.4 %): the source itself"
+    " calls the H100 gap 'more glaring' (MFU 0.37 / 0.34 against 0.57 / 0.50 on A100). The estimate has the"
+    " FSDP traffic mostly hidden (0.06 s of a 0.84 s 7B step, 0.6 of 8.7 s at 70B) on an 800 Gb/s per node"
+    " network taken at InfiniBand's 0.96 of line rate; the cluster's fabric (IBM Cloud's Vela is Ethernet/RoCE),"
+    " its NCCL bus bandwidth, the H100s' power limit and FSDP1's limit_all_gathers rate limiter are not published:"
+    " not explained"
+)
+_GPT_FAST_70B_TP2 = (
+    "gpt-fast Llama-3.1-70B bf16 on 2 A100 (out of sample +31.9 %): the published 16.03 tokens/s is 25 % below"
+    " the same table's Llama-2-70B on 2 GPUs (21.32) at nearly the same weight bytes per GPU (~70 of 80 GB), and"
+    " its reported bandwidth (1,131 GB/s) is below every other bf16 row of the table (1,182-1,482); the 2-GPU"
+    " Llama-2-70B, the 4- and 8-GPU Llama-3.1-70B rows fit (+0.1 %, -0.5 %, +4.0 %): not explained"
+)
+_GPT_FAST_405B = (
+    "gpt-fast Llama-3.1-405B int8 on 8 A100 (out of sample +34.2 %): the published 15.60 tokens/s implies 816 GB/s"
+    " of weights read per GPU against 1,060 in the estimate; the 8-GPU int8 70B rows of the same table fit (-0.9 %,"
+    " +4.8 %); what costs the 405B run more per byte (its 16384-wide int8 matrices, the 126-layer graph) is not"
+    " published: not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
-    ("cpu_debug_1proc", "max RSS GiB"): "CPU resident memory keeps what glibc does not return and CPU kernel"
-    " scratch (oneDNN bf16 reorders, SDPA per-thread buffers): not modelled",
-    ("cpu_debug_2proc", "max RSS GiB"): "same as the 1-process row",
     ("h200_1b_single_compile", "memory GiB"): _SINGLE_MEM,
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_MEM,
     ("h200_3b_single_compile", "memory GiB"): _SINGLE_MEM,
@@ -100,6 +123,19 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("h100_8b_fsdp8_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_bf16_2025_06", "tokens/s/device"): _TP8_8B_ASYNC,
+    **{
+        (f"fms_h100_llama2_{m}", "tokens/s/device"): _FMS_H100
+        for m in (
+            "7b_hsdp8x12_none_eager",
+            "34b_fsdp96_full_eager",
+            "70b_fsdp96_full_eager",
+            "7b_hsdp8x12_none_compile",
+            "34b_fsdp96_b8_full_eager",
+            "70b_fsdp96_b6_full_eager",
+        )
+    },
+    ("a100x2_llama31_70b_bf16_tp2", "decode tokens/s"): _GPT_FAST_70B_TP2,
+    ("a100x8_llama31_405b_int8_tp8", "decode tokens/s"): _GPT_FAST_405B,
 }
 
 
@@ -126,7 +162,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.8 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 5.1 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
@@ -174,7 +210,11 @@ def test_power_limit_slows_compute_only():
     assert at_700["memory_gib"] == at_500["memory_gib"]
 
 
-ORDERINGS_OUTSIDE: dict[str, str] = {}
+ORDERINGS_OUTSIDE: dict[str, str] = {
+    "float8_recipes_tp8_70b": "70B TP 8, float8 rowwise vs bf16 (torchtitan 2025-06): published 599.6 vs 597.3"
+    " tokens/s (0.4 % apart); with rowwise linears priced by torchao's measured H100"
+    " table the estimate is 618.0 vs 618.4 (-0.06 %): the order of two figures 0.4 % apart is reversed",
+}
 
 
 def test_composite_rms_norm_slows_eager_only():
@@ -242,3 +282,67 @@ def test_device_rates_reproduce_their_measurements():
     assert 989.0 * rates.attention_fraction("H100 SXM", 16384, backward=False, causal=False) == pytest.approx(
         370.0
     )
+
+
+def test_rowwise_table_reproduces_torchaos_measurements():
+    """rates.ROWWISE_SPEEDUP is torchao's published H100 table (pytorch/ao fdddb2cfa, docs/static/fp8-rowwise-perf.png):
+    grid points return the published cells, between them log2-linear interpolation, outside the edge cells."""
+    from torchtitan.estimate import rates
+
+    assert len(rates.ROWWISE_SPEEDUP) == 6 and all(
+        len(m) == 6 and all(len(k) == 6 for k in m) for m in rates.ROWWISE_SPEEDUP
+    )
+    s = rates.rowwise_linear_speedup
+    assert s(1024, 1024, 1024) == pytest.approx(0.42)
+    assert s(8192, 4096, 1024) == pytest.approx(0.52)
+    assert s(8192, 4096, 4096) == pytest.approx(1.00)
+    assert s(32768, 16384, 32768) == pytest.approx(1.73)
+    assert s(8192, 4096, 2**10.5) == pytest.approx((0.52 + 0.76) / 2)
+    assert s(98304, 4096, 128) == pytest.approx(s(32768, 4096, 1024)) == pytest.approx(0.59)
+
+
+def test_rowwise_float8_priced_by_torchaos_table_on_hopper():
+    """On Hopper with compiled blocks a rowwise float8 linear costs its bf16 time over the table's speedup at its
+    per-rank forward shape; MI300X and eager blocks keep the GEMM-and-casts model (the table measured neither)."""
+    from torchtitan.estimate import rates, steptime
+    from torchtitan.estimate.plan import build_plan
+
+    row = next(r for r in REF["training"] if r["id"] == "h100_8b_fsdp8_b1_rowwise_torchao")
+    plan = build_plan(validation.training_cfg(REF, row))
+    r = steptime.Rates(plan)
+    assert steptime.rowwise_measured(plan, r)
+    tokens, expected = plan.tokens_per_pass, 0.0
+    for lin in plan.block_linears:
+        assert lin.float8
+        bf16 = dataclasses.replace(lin, float8=False)
+        f, bw = steptime._linear_time(r, bf16, tokens, plan.tp, plan.act_bytes)
+        k, n = steptime._local(lin, plan.tp)
+        expected += (f + bw) / rates.rowwise_linear_speedup(tokens, k, n)
+    p = steptime.block_pass(plan, r, "none", tokens)
+    assert p.matmul + p.float8_casts == pytest.approx(expected)
+    mi300x = dict(row, part="", estimate_args=["--estimate.hardware=mi300x"])
+    eager = dict(row, args=[a for a in row["args"] if not a.startswith("--compile.")])
+    for other in (mi300x, eager):
+        plan = build_plan(validation.training_cfg(REF, other))
+        assert not steptime.rowwise_measured(plan, steptime.Rates(plan))
+
+
+def test_mi300x_ring_bandwidth_follows_its_links():
+    """MI300X's node is a switchless mesh: a ring over 8 GPUs runs at the measured 312.9 GB/s (stas00/ml-engineering,
+    all-reduce busbw, 4 GiB), over n GPUs at (n - 1) / 7 of it; the measured 2-GPU figure (47.7 GB/s), which sets
+    nothing, is reproduced within 10 %. Behind NVSwitch a 2-GPU group keeps the node's bandwidth."""
+    from torchtitan.estimate import collectives, steptime
+    from torchtitan.estimate.plan import build_plan
+
+    row = next(r for r in REF["training"] if r["id"] == "mi300x_8b_fsdp8_b1_bf16_torchao")
+    plan = build_plan(validation.training_cfg(REF, row))
+    r = steptime.Rates(plan)
+    assert r.intra == pytest.approx(312.912e9)
+    assert collectives.busbw(plan, r.intra, r.inter, 8, 1) == pytest.approx(312.912e9)
+    two = collectives.busbw(plan, r.intra, r.inter, 2, 1)
+    assert two == pytest.approx(312.912e9 / 7)
+    assert abs(two / 47.671e9 - 1) < 0.10
+    h100 = next(r for r in REF["training"] if r["id"] == "h100_8b_fsdp8_compile")
+    plan = build_plan(validation.training_cfg(REF, h100))
+    r = steptime.Rates(plan)
+    assert collectives.busbw(plan, r.intra, r.inter, 2, 1) == r.intra

@@ -8,9 +8,10 @@ Measured, each for a fraction of a second:
   bandwidth     an elementwise add over tensors far larger than the caches: sustained memory bandwidth
   collectives   all-gather and reduce-scatter between min(num_devices, present) processes (NCCL on GPUs, gloo on
                 CPU), at the size of one block's parameters: bus bandwidth
-  runtime RSS   CPU only: resident memory of a process holding the trainer's runtime without a model (imports,
-                the run's tokenizer and dataset with one batch read, a process group) -- the baseline under
-                everything a run allocates
+  runtime RSS   CPU only: resident memory of a process holding the trainer's runtime without a model: the
+                trainer's build for the config (imports, tokenizer, dataset, process group, metrics) and two
+                steps of a one-block width-64 model (the kernels' code and data pages), less that model's own
+                weights, gradients and AdamW moments -- the baseline under everything a run allocates
 With several processes every micro-benchmark runs in all of them at once (rank 0 reports), so cores, memory
 bandwidth and links are shared as they will be in the run. CPU processes get the threads the launcher gives them
 (torchrun: 1 thread each when there are several).
@@ -143,43 +144,81 @@ def measure_collectives(plan: Plan, device, seconds) -> float | None:
     return moved / t / 1e9
 
 
+# The trainer's own build and two steps, on a model shrunk to nothing (one block of width 64, one 16-token sequence,
+# one process): what stays resident is the runtime -- imports, tokenizer, dataset, process group, logger, metrics,
+# and the code and data pages of the kernels a step runs (oneDNN, SDPA, the optimizer), which a process that only
+# imports never touches (docs/estimate.md, "CPU resident memory").
+_LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+)
 _RUNTIME_PROBE = """
 import os, sys
-import torch.distributed as dist
+shrink = ["--model.dim=64", "--model.n_layers=1", "--model.n_heads=4", "--model.n_kv_heads=1",
+          "--model.ffn_hidden_dim=256", "--training.local_batch_size=1", "--training.seq_len=16",
+          "--training.global_batch_size=-1", "--parallelism.data_parallel_replicate_degree=1",
+          "--parallelism.data_parallel_shard_degree=-1", "--parallelism.tensor_parallel_degree=1",
+          "--parallelism.pipeline_parallel_degree=1", "--parallelism.context_parallel_degree=1",
+          "--checkpoint.enable=false", "--comm.mode=default",
+          "--job.dump_folder=" + os.environ["PROBE_DIR"]]
+from torchtitan.build import build_metrics, build_run, initialize_weights
 from torchtitan.config import parse_args
-from torchtitan.data import build_dataloader, build_tokenizer
-import torchtitan.train  # noqa: F401  (everything the trainer imports)
-cfg = parse_args(sys.argv[1:])
-t, d = cfg.training, cfg.data
-tok = build_tokenizer(cfg.model.tokenizer_path)
-dl = build_dataloader(dataset=d.dataset, dataset_path=d.dataset_path, text_field=d.text_field, tokenizer=tok,
-                      dp_rank=0, dp_world_size=1, batch_size=t.local_batch_size, seq_len=t.seq_len)
-next(iter(dl))
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PROBE_PORT"], rank=0, world_size=1)
-print(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-dist.destroy_process_group()
+from torchtitan.loss import forward_backward
+from torchtitan.optim import init_optimizer_state
+cfg = parse_args(sys.argv[1:] + shrink)
+run = build_run(cfg)
+initialize_weights(run.model_parts, cfg.training.seed)
+init_optimizer_state(run.optimizer)
+metrics = build_metrics(run, 0)  # the MFU peak's calibration matmul where no table entry exists, the loggers
+data = iter(run.dataloader)
+for _ in range(2):
+    run.optimizer.zero_grad(set_to_none=True)
+    inputs, labels = next(data)
+    forward_backward(run.model_parts, inputs, labels, run.global_tokens, run.loss_context, run.pp, run.loss_fn)
+    run.optimizer.step()
+# the probe model's own weights, gradients and AdamW moments are not runtime (with a large vocabulary they are not
+# small: the embedding and head keep the tokenizer's vocabulary)
+def nbytes(t):
+    t = getattr(t, "_local_tensor", t)  # a DTensor's shard on this rank
+    return t.numel() * t.element_size()
+params = [p for part in run.model_parts for p in part.parameters()]
+own = sum(nbytes(p) + (nbytes(p.grad) if p.grad is not None else 0) for p in params)
+own += sum(nbytes(v) for st in run.optimizer.state.values() for v in st.values() if hasattr(v, "numel"))
+print(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") - own)
 """
 
 
-def runtime_rss_gib(argv: list[str]) -> float | None:
-    """Resident memory of a fresh process holding the trainer's runtime but no model: its imports, the config's
-    tokenizer and dataset (one batch read) and a process group -- the CPU baseline under a run's allocations."""
-    env = dict(
-        os.environ,
-        PROBE_PORT=str(_free_port()),
-        HF_DATASETS_OFFLINE=os.environ.get("HF_DATASETS_OFFLINE", "1"),
-    )
+def runtime_rss_gib(argv: list[str], threads: int | None = None) -> float | None:
+    """Resident memory of a fresh process holding the trainer's runtime but (almost) no model: the trainer's build
+    for the config (imports, tokenizer, dataset, process group, metrics) and two steps of a one-block width-64
+    model, which page in the kernels a step runs, less that model's own tensors -- the CPU baseline under a run's
+    own tensors. `threads`: the
+    run's threads per process (per-thread kernel buffers), default the caller's."""
+    # a world of its own (one process), whatever launcher started the caller
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env["HF_DATASETS_OFFLINE"] = os.environ.get("HF_DATASETS_OFFLINE", "1")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    try:
-        r = subprocess.run(
-            [sys.executable, "-c", _RUNTIME_PROBE, *argv],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-        )
-    except subprocess.TimeoutExpired:
-        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        env["PROBE_DIR"] = tmp
+        try:
+            r = subprocess.run(
+                [sys.executable, "-c", _RUNTIME_PROBE, *argv],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=300,
+            )
+        except subprocess.TimeoutExpired:
+            return None
     if r.returncode != 0:
         return None
     return int(r.stdout.strip().splitlines()[-1]) / 2**30
@@ -256,7 +295,7 @@ def calibrate(plan: Plan, seconds: float = 0.3, config_argv: list[str] | None = 
             )
             cal = Calibration(**torch.load(out, weights_only=False))
     if device_type == "cpu":
-        cal.runtime_rss_gib = runtime_rss_gib(config_argv or [])
+        cal.runtime_rss_gib = runtime_rss_gib(config_argv or [], threads)
         if cal.runtime_rss_gib is None:
             notes.append(
                 "runtime memory probe failed (tokenizer or dataset not readable): RSS baseline not counted"

@@ -35,6 +35,13 @@ as one node (A100's 24 by the same rule: an extrapolation). A ring with fewer of
 than GPUs (e.g. FSDP across nodes under TP 8) runs on fewer NICs; NCCL sizes its channels to its bandwidth
 (busBw = nChannels x per-channel speed, tuning.cc), so it holds the ring's share of the intra-node bus
 bandwidth's channels.
+Switchless meshes (AMD MI300X: Infinity Fabric links of 64 GB/s each way to each of the 7 peers of an 8-GPU node,
+no switch) differ: a ring over n ranks of one node has only the (n - 1) links among them, so its bus bandwidth is
+(n - 1) / (GPUs per node - 1) of the whole node's. stas00/ml-engineering network/README.md (commit 744d01e)
+measured all-reduce bus bandwidth with a 4 GiB payload on an 8 x MI300X node: 312.912 GB/s on 8 GPUs, 47.671 on 2
+("2 GPUs performed 6.5x slower than 8"). The 8-GPU figure sets the MI300X fraction of the datasheet bandwidth,
+312.912 / 448 = 0.70 (in place of Efficiency.intra_node); the link rule then gives 44.7 GB/s on 2 GPUs (measured
+47.7).
 On CPU (gloo, calibrated rates) there is no latency term: the calibration measured the whole collective.
 Not modelled: NCCL's tree all-reduce (chosen for small messages over many nodes: log2(nodes) network steps instead
 of nodes - 1; the ring is an upper bound there) and NVLink SHARP / IB SHARP all-reduce.
@@ -52,6 +59,23 @@ HOP_LAT_S = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 14.0e-6}  # NCCL 2.21.5 tun
 NVLINK_MIN_GBPS = 100.0  # an intra-node link this fast per direction is NVLink / Infinity Fabric, not PCIe
 NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24}
 NCCL_CHANNELS_DEFAULT = 16
+# Devices whose node is a switchless full mesh, with the measured 8-GPU ring bus bandwidth as a fraction of the
+# datasheet per-device figure (448 GB/s = 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB.
+MESH_BUSBW_FRACTION = {"MI300X": 312.912 / 448.0}
+
+
+def intra_fraction(device: str, default: float) -> float:
+    """Sustained fraction of the intra-node datasheet bandwidth a ring over a whole node reaches on this device."""
+    return MESH_BUSBW_FRACTION.get(device, default)
+
+
+def intra_busbw(plan: Plan, intra: float, ppn: int) -> float:
+    """Bus bandwidth inside a node for a ring with `ppn` of its ranks on each node: the node figure behind a switch
+    (NVSwitch), (ppn - 1) / (GPUs per node - 1) of it on a switchless mesh (its links among those ranks only)."""
+    dpn = plan.hw.devices_per_node
+    if plan.hw.name in MESH_BUSBW_FRACTION and not plan.hw.is_cpu and 1 < ppn < dpn:
+        return intra * (ppn - 1) / (dpn - 1)
+    return intra
 
 
 def overlap_sm_share(plan: Plan, ring_busbw: float, intra: float, full_nodes: bool = False) -> float:
@@ -78,9 +102,10 @@ def group_layout(plan: Plan, n: int, stride: int) -> tuple[int, int]:
 def busbw(plan: Plan, intra: float, inter: float, n: int, stride: int) -> float:
     """Bytes/s of bus bandwidth of a ring over this group."""
     ppn, nodes = group_layout(plan, n, stride)
+    node_bw = intra_busbw(plan, intra, ppn)
     if nodes == 1:
-        return intra
-    return min(intra, ppn * inter) if ppn > 1 else inter
+        return node_bw
+    return min(node_bw, ppn * inter) if ppn > 1 else inter
 
 
 def ring_latency(plan: Plan, n: int, stride: int, steps_per_rank: int = 1) -> float:

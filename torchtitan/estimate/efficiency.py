@@ -23,7 +23,8 @@ class Efficiency:
     # NVLink: nccl-tests' all-gather bus bandwidth on 8 H100 SXM is 360 of NVLink 4's 450 GB/s per direction
     # (NVIDIA/nccl-tests#212, #326); across nodes, one NIC's share of the ring: NVIDIA measures 192 GB/s of
     # DGX A100's 8 x 25 GB/s (NVIDIA/nccl#812) and 48-49 of a 50 GB/s ConnectX-7 (NVIDIA/nccl-tests#267): 0.96.
-    # A ring across nodes is capped at the intra-node figure (collectives.busbw). docs/estimate.md, "Rates".
+    # A ring across nodes is capped at the intra-node figure (collectives.busbw). MI300X (switchless mesh) takes its
+    # measured RCCL figure instead (collectives.MESH_BUSBW_FRACTION). docs/estimate.md, "Rates".
     intra_node: float = 0.80
     inter_node: float = 0.96
     # TP collectives sit on the critical path (the next matmul needs the gathered input): exposed fraction
@@ -32,6 +33,13 @@ class Efficiency:
     # ---- memory ----
     fragmentation: float = 0.05  # caching-allocator reserved / allocated at the peak
     allocator_fixed_gib: float = 0.5  # cuBLAS/cuDNN workspaces and small pools held in the allocator
+    # CPU (with a measured runtime): glibc's heap keeps part of the tensor memory a step frees. Its mmap threshold
+    # rises to the largest block freed (mallopt(3), M_MMAP_THRESHOLD, dynamic up to 32 MiB), so from the first step
+    # on the tensors of a small model live in the heap, whose freed holes stay resident. Measured as resident peak
+    # with glibc's defaults minus with MALLOC_MMAP_THRESHOLD_=131072 (every tensor unmapped when freed), over the
+    # estimated tensor peak: debug model at batch 4 0.036 / 0.174 GiB = 0.21, debugmodel_large at batch 2
+    # 0.078 / 0.454 GiB = 0.17; the mean. docs/estimate.md, "CPU resident memory".
+    cpu_heap_retention: float = 0.19
     # CUDA context + NCCL buffers: outside the allocator, counted only for `fits`
     cuda_context_gib: float = 1.0
     # ---- inference (decode reads every weight once per step: bandwidth-bound) ----

@@ -210,8 +210,13 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         }
     allocated = sum(parts.values())
     if plan.hw.is_cpu:
-        baseline = (plan.calibration.runtime_rss_gib or 0.0) if plan.calibration else 0.0
-        parts["allocator_and_comm_overhead"] = baseline * GIB
+        # the measured runtime (imports, data, process group, kernels paged in) and what glibc's heap keeps of the
+        # tensors a step frees; without a measured runtime (preflight, simulated ranks) the tensors alone
+        runtime = plan.calibration.runtime_rss_gib if plan.calibration else None
+        if runtime is not None:
+            parts["allocator_and_comm_overhead"] = runtime * GIB + allocated * eff.cpu_heap_retention
+        else:
+            parts["allocator_and_comm_overhead"] = 0.0
     else:
         parts["allocator_and_comm_overhead"] = allocated * eff.fragmentation + eff.allocator_fixed_gib * GIB
     return parts

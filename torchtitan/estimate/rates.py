@@ -8,7 +8,9 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             loop) relative to the best shape, times a power factor for parts run below their TDP.
   float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure). rowwise: the CUTLASS rowwise
             kernel in the forward, and in the backward cuBLAS with unit scales plus a separate rescale pass of
-            the output (torchao does this because the CUTLASS kernel without fast accumulation is slow).
+            the output (torchao does this because the CUTLASS kernel without fast accumulation is slow). On Hopper
+            with compiled blocks a rowwise linear is priced as a whole by torchao's measured speedup table over bf16
+            (ROWWISE_SPEEDUP, by forward M, K, N).
   attention FlashAttention-2 (torch SDPA's flash backend) forward and backward TFLOPS by sequence length, head
             dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus);
             the same power factor.
@@ -167,6 +169,89 @@ def gemm_efficiency(device: str, dtype: str, m: float, n: float, k: float) -> fl
 # written and read, bf16 result written).
 ROWWISE_FWD_RATE = 0.95
 ROWWISE_RESCALE_BYTES = 10
+
+# float8 rowwise linear on Hopper, measured as a whole: torchao's published speedup table "Speedup observed vs
+# bfloat16 for LayerNorm -> Linear -> Sigmoid fwd + bwd by forward M, K, N, dynamic row-wise scaling, PyTorch
+# version 2.8.0a0+git48807d5", NVIDIA H100 (pytorch/ao fdddb2cfa, 2025-06-06, docs/static/fp8-rowwise-perf.png,
+# produced by benchmarks/float8/float8_roofline.py: both modules torch.compile'd, GPU kernel time of forward +
+# backward). It prices what the GEMM-and-casts model above cannot see at small shapes (the CUTLASS rowwise kernel's
+# long tail, cast kernels that do not saturate HBM). Transcribed cell by cell: ROWWISE_SPEEDUP[M][K] is the row of
+# speedups over N, each axis 1024, 2048, ..., 32768. The LayerNorm and Sigmoid are in both times, so at small
+# shapes the linear alone is, if anything, slower than this table says (the table is the optimistic reading).
+ROWWISE_AXIS = (1024, 2048, 4096, 8192, 16384, 32768)
+ROWWISE_SPEEDUP = (
+    (  # M = 1024
+        (0.42, 0.42, 0.50, 0.51, 0.56, 0.56),
+        (0.40, 0.38, 0.42, 0.50, 0.50, 0.56),
+        (0.48, 0.43, 0.46, 0.53, 0.57, 0.60),
+        (0.45, 0.48, 0.54, 0.62, 0.60, 0.62),
+        (0.46, 0.48, 0.54, 0.60, 0.60, 0.61),
+        (0.45, 0.50, 0.55, 0.60, 0.62, 0.65),
+    ),
+    (  # M = 2048
+        (0.43, 0.43, 0.48, 0.55, 0.62, 0.65),
+        (0.38, 0.45, 0.58, 0.65, 0.72, 0.75),
+        (0.43, 0.50, 0.68, 0.78, 0.81, 0.82),
+        (0.46, 0.58, 0.73, 0.82, 0.87, 0.89),
+        (0.48, 0.62, 0.75, 0.83, 0.84, 0.85),
+        (0.50, 0.64, 0.75, 0.84, 0.83, 0.99),
+    ),
+    (  # M = 4096
+        (0.45, 0.47, 0.57, 0.66, 0.72, 0.76),
+        (0.43, 0.53, 0.70, 0.83, 0.90, 0.91),
+        (0.44, 0.64, 0.84, 1.01, 1.01, 1.04),
+        (0.53, 0.72, 0.91, 1.01, 1.07, 1.13),
+        (0.53, 0.74, 0.92, 1.05, 1.10, 1.18),
+        (0.54, 0.75, 0.93, 1.02, 1.17, 1.18),
+    ),
+    (  # M = 8192
+        (0.48, 0.52, 0.65, 0.77, 0.83, 0.84),
+        (0.45, 0.64, 0.82, 1.01, 1.03, 1.06),
+        (0.52, 0.76, 1.00, 1.13, 1.17, 1.19),
+        (0.59, 0.85, 1.05, 1.20, 1.31, 1.41),
+        (0.58, 0.82, 1.03, 1.22, 1.37, 1.40),
+        (0.59, 0.82, 1.04, 1.30, 1.36, 1.46),
+    ),
+    (  # M = 16384
+        (0.48, 0.58, 0.73, 0.86, 0.85, 0.89),
+        (0.51, 0.70, 0.90, 1.05, 1.07, 1.15),
+        (0.57, 0.79, 1.02, 1.20, 1.26, 1.40),
+        (0.61, 0.87, 1.08, 1.33, 1.39, 1.49),
+        (0.59, 0.83, 1.07, 1.34, 1.42, 1.55),
+        (0.60, 0.85, 1.16, 1.35, 1.48, 1.72),
+    ),
+    (  # M = 32768
+        (0.51, 0.62, 0.77, 0.87, 0.88, 0.94),
+        (0.54, 0.73, 0.91, 1.08, 1.14, 1.27),
+        (0.59, 0.81, 1.04, 1.28, 1.35, 1.49),
+        (0.63, 0.87, 1.11, 1.41, 1.50, 1.62),
+        (0.60, 0.83, 1.16, 1.39, 1.49, 1.73),
+        (0.63, 0.93, 1.16, 1.48, 1.70, 1.52),
+    ),
+)
+# The parts the table applies to: Hopper, whose rowwise path (CUTLASS forward, cuBLAS + rescale backward) it measured.
+ROWWISE_TABLE_DEVICES = ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL")
+
+
+def _axis_pos(x: float) -> tuple[int, float]:
+    """(lower index, fraction) of x on ROWWISE_AXIS in log2, clamped to the measured range (no extrapolation)."""
+    lo, hi = math.log2(ROWWISE_AXIS[0]), math.log2(ROWWISE_AXIS[-1])
+    t = (min(max(math.log2(max(x, 1.0)), lo), hi) - lo) / (hi - lo) * (len(ROWWISE_AXIS) - 1)
+    i = min(int(t), len(ROWWISE_AXIS) - 2)
+    return i, t - i
+
+
+def rowwise_linear_speedup(m: float, k: float, n: float) -> float:
+    """torchao's measured forward+backward speedup of a float8 rowwise linear over bf16 at forward shape (M, K, N):
+    trilinear interpolation in log2 of each dimension; dimensions outside 1024..32768 take the nearest edge."""
+    (i, fi), (j, fj), (q, fl) = _axis_pos(m), _axis_pos(k), _axis_pos(n)
+    out = 0.0
+    for di, wi in ((0, 1 - fi), (1, fi)):
+        for dj, wj in ((0, 1 - fj), (1, fj)):
+            for dl, wl in ((0, 1 - fl), (1, fl)):
+                out += wi * wj * wl * ROWWISE_SPEEDUP[i + di][j + dj][q + dl]
+    return out
+
 
 # ----------------------------------------------------------------------------------------------- attention
 # FlashAttention-2 on H100 80GB SXM5, head dim 128, bf16 (Shah et al. 2024, FlashAttention-3 paper, arXiv

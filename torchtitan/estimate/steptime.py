@@ -19,6 +19,7 @@ straggler    the wait for the slowest of the job's GPUs: a share of the synchron
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from . import collectives, rates, stragglers
@@ -71,7 +72,7 @@ class Rates:
         self.cpu_peak = None
         self.power = 1.0 if hw.is_cpu else rates.power_factor(hw.name, hw.power_limit_w)
         self.hbm = hw.hbm_gbps * 1e9 * eff.hbm
-        self.intra = hw.intra_node_gbps * 1e9 * eff.intra_node
+        self.intra = hw.intra_node_gbps * 1e9 * collectives.intra_fraction(hw.name, eff.intra_node)
         self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
         self.attn_measured = None
         if cal is not None:
@@ -177,25 +178,50 @@ def _float8_cast_bytes(plan: Plan, lin: Linear) -> tuple[float, float, float]:
     return 5 * k, 5 * k + 7 * n, 2.0 if plan.float8_all_gather else 7.0
 
 
+def rowwise_measured(plan: Plan, r: Rates) -> bool:
+    """Float8 rowwise linears priced by torchao's measured speedup table (rates.ROWWISE_SPEEDUP): Hopper parts, blocks
+    compiled (as the table was measured), no calibration of this machine's own GEMMs."""
+    return (
+        r.recipe == "rowwise"
+        and plan.compile_model
+        and r.cal is None
+        and plan.hw.name in rates.ROWWISE_TABLE_DEVICES
+    )
+
+
+def _rowwise_measured_time(
+    r: Rates, lin: Linear, tokens: float, tp: int, b: int, f: float, bw: float, t_f: float, t_b: float
+) -> tuple[float, float, float, float]:
+    """(forward GEMMs, backward GEMMs, forward casts, backward casts) seconds of a float8 rowwise linear whose total is
+    the bf16 linear's time over torchao's measured speedup at its per-rank forward shape (M = tokens, K, N); the
+    modelled float8 GEMM times stay the GEMM share and the rest of the measured time is attributed to the casts
+    (none when the measurement is faster than the modelled GEMMs)."""
+    k, n = _local(lin, tp)
+    bf16_f, bf16_bw = _linear_time(r, dataclasses.replace(lin, float8=False), tokens, tp, b)
+    speedup = rates.rowwise_linear_speedup(tokens, k, n)
+    tot_f, tot_b = bf16_f / speedup, bf16_bw / speedup
+    return min(f, tot_f), min(bw, tot_b), max(0.0, tot_f - f), max(0.0, tot_b - bw)
+
+
 def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     """One block's forward + backward (+ recompute) over `tokens` tokens."""
     p, s, b = Pass(), plan.shape, plan.act_bytes
     rec_mm = recomputed_matmuls(mode)
     for lin in plan.block_linears:
         f, bw = _linear_time(r, lin, tokens, plan.tp, b)
-        p.matmul += f + bw
-        p.fwd += f
-        if lin.name in rec_mm:
-            p.recompute += f
+        t_f = t_b = 0.0
         if lin.float8:
             fb, bb, wb = _float8_cast_bytes(plan, lin)
             k, n = _local(lin, plan.tp)
             t_f = (fb * tokens + wb * k * n / 2) / r.hbm
             t_b = (bb * tokens + wb * k * n / 2) / r.hbm
-            p.float8_casts += t_f + t_b
-            p.fwd += t_f
-            if lin.name in rec_mm:
-                p.recompute += t_f
+            if rowwise_measured(plan, r):
+                f, bw, t_f, t_b = _rowwise_measured_time(r, lin, tokens, plan.tp, b, f, bw, t_f, t_b)
+        p.matmul += f + bw
+        p.float8_casts += t_f + t_b
+        p.fwd += f + t_f
+        if lin.name in rec_mm:
+            p.recompute += f + t_f
     # flash attention: queries of this rank x (seq_len / 2) keys on average (causal, load-balanced under CP)
     attn_fwd_flops = 4 * tokens * (plan.seq_len / 2) * s.h
     seq = plan.seq_len / plan.cp  # each ring step attends one rank's block of queries to one block of keys
