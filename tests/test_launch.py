@@ -97,8 +97,15 @@ def test_stalled_step_watchdog_dumps_stacks_and_exits(tmp_path):
 
 def test_subgroup_collective_timeout_names_rank_and_last_step(tmp_path):
     """A hang in a mesh SUB-group's collective (FSDP 2 x TP 2: the tp and fsdp groups are not the default group)
-    fails within the training timeout, which every process group gets after the first step; watchdog off."""
-    env = train_env(TORCHTITAN_TEST_STALL_AT_STEP="2", TORCHTITAN_TEST_RANK="1", LOG_RANK="all")
+    fails within the training timeout, which every process group gets after the first step; watchdog off.
+    Rank 1 sleeps 20 s, four times the timeout, then finds its peers gone and leaves: a rank asleep for good would
+    hold torchrun for its fixed 30 s grace before the SIGKILL."""
+    env = train_env(
+        TORCHTITAN_TEST_STALL_AT_STEP="2",
+        TORCHTITAN_TEST_STALL_SECONDS="20",
+        TORCHTITAN_TEST_RANK="1",
+        LOG_RANK="all",
+    )
     args = TINY + [
         f"--job.dump_folder={tmp_path}",
         "--training.steps=4",
