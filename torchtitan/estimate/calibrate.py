@@ -199,8 +199,7 @@ def runtime_rss_gib(argv: list[str], threads: int | None = None) -> float | None
     """Resident memory of a fresh process holding the trainer's runtime but (almost) no model: the trainer's build
     for the config (imports, tokenizer, dataset, process group, metrics) and two steps of a one-block width-64
     model, which page in the kernels a step runs, less that model's own tensors -- the CPU baseline under a run's
-    own tensors. `threads`: the
-    run's threads per process (per-thread kernel buffers), default the caller's."""
+    own tensors. `threads`: the run's threads per process (per-thread kernel buffers), default the caller's."""
     # a world of its own (one process), whatever launcher started the caller
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     env["HF_DATASETS_OFFLINE"] = os.environ.get("HF_DATASETS_OFFLINE", "1")

@@ -190,7 +190,7 @@ def rowwise_measured(plan: Plan, r: Rates) -> bool:
 
 
 def _rowwise_measured_time(
-    r: Rates, lin: Linear, tokens: float, tp: int, b: int, f: float, bw: float, t_f: float, t_b: float
+    r: Rates, lin: Linear, tokens: float, tp: int, b: int, f: float, bw: float
 ) -> tuple[float, float, float, float]:
     """(forward GEMMs, backward GEMMs, forward casts, backward casts) seconds of a float8 rowwise linear whose total is
     the bf16 linear's time over torchao's measured speedup at its per-rank forward shape (M = tokens, K, N); the
@@ -210,13 +210,13 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     for lin in plan.block_linears:
         f, bw = _linear_time(r, lin, tokens, plan.tp, b)
         t_f = t_b = 0.0
-        if lin.float8:
+        if lin.float8 and rowwise_measured(plan, r):
+            f, bw, t_f, t_b = _rowwise_measured_time(r, lin, tokens, plan.tp, b, f, bw)
+        elif lin.float8:
             fb, bb, wb = _float8_cast_bytes(plan, lin)
             k, n = _local(lin, plan.tp)
             t_f = (fb * tokens + wb * k * n / 2) / r.hbm
             t_b = (bb * tokens + wb * k * n / 2) / r.hbm
-            if rowwise_measured(plan, r):
-                f, bw, t_f, t_b = _rowwise_measured_time(r, lin, tokens, plan.tp, b, f, bw, t_f, t_b)
         p.matmul += f + bw
         p.float8_casts += t_f + t_b
         p.fwd += f + t_f
