@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from teardown import leave  # tests/dist/teardown.py, beside this script
 from torch.distributed.tensor import DTensor
 
 from torchtitan.config import parse_args
@@ -84,8 +85,7 @@ def main() -> None:
     for name, layout in LAYOUTS.items():
         cfg = parse_args([*BASE, *layout])
         (out_dir / f"{name}_{rank}.json").write_text(json.dumps(shapes(cfg, world, device)))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave()  # together, skipping the interpreter's teardown (tests/dist/teardown.py)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cp_c
 
 import cp_cpu_kernel  # noqa: E402
 
+from torchtitan.parallel.distributed import exit_process  # noqa: E402
 from torchtitan.train import main  # noqa: E402
 
 if __name__ == "__main__":
     cp_cpu_kernel.install()
-    sys.exit(main())
+    exit_process(main())  # as train.py: no interpreter teardown in a multi-process run

@@ -10,11 +10,11 @@ Used by tests/test_startup.py.
 
 import json
 import os
-import sys
 
 import torchtitan.host_sync as host_sync
 import torchtitan.models.llama3.model as model_module
 from torchtitan import watchdog
+from torchtitan.parallel.distributed import exit_process
 from torchtitan.train import main
 
 counts = {"init_calls": 0, "reads_per_step": {}}
@@ -56,4 +56,4 @@ if __name__ == "__main__":
     rank = int(os.environ.get("RANK", 0))
     with open(out if rank == 0 else f"{out}.{rank}", "w") as f:
         json.dump(counts, f)
-    sys.exit(rc)
+    exit_process(rc)  # as train.py: no interpreter teardown in a multi-process run
