@@ -139,13 +139,6 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"mi300x_8b_fsdp8_b1_{r}_torchao", "tokens/s/device"): _MI300X
         for r in ("bf16", "tensorwise", "rowwise")
     },
-    (
-        "llama2_34b_gpu_hours",
-        "GPU-hours",
-    ): "Llama 2 34B GPU-hours (out of sample -26.8 %; 13B -21.8 %, 7B -13.9 %,"
-    " 70B -11.1 %): the paper's figures imply ~109 model TFLOPS per A100 for 34B against 118-134 for 7B, 13B and"
-    " 70B, and the layout behind them is not published (HSDP 64 x 16 with full AC is this file's assumption, the"
-    " 70B rule); the estimate's rate is nearly flat across the four sizes",
     ("h100_8b_fsdp8_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_bf16_2025_06", "tokens/s/device"): _TP8_8B_ASYNC,
