@@ -120,6 +120,22 @@ _TORCHAO_H100_DECODE = (
     " the mapping was not changed). The published bf16 rate implies 1,905 GB/s of weights read per second, 79 % of"
     " 2.4 TB/s, where the A100 rows imply 70 % of 2.04 TB/s"
 )
+_SAGEMAKER = (
+    "AWS's SageMaker blog with Meta, 2024-10 (Llama 3 8B, FSDP 32 on 4 x p5.48xlarge, H100 80GB, EFA; out of"
+    " sample: eager +17.3 %, compile +24.5 %, float8 +23.3 %, float8 all-gather +23.9 %): the same hardware and"
+    " configuration run by AWS on torchtitan / torch of 2025-03 (aws_torchtitan) was 4.8 % (eager) and 9.8 %"
+    " (compiled) faster and fits (+12.4 %, +14.1 %); what the 2024 stack (torch 2.5-2.6 nightlies, the SageMaker"
+    " container) lost is not stated; other multi-node runs over fabrics other than InfiniBand run below the"
+    " estimate too (fms-fsdp's H100 rows, torchtitan's H200 rows): not explained"
+)
+_AWS_MEM = (
+    "AWS's torchtitan test case (Llama 3 8B, local batch 1, FSDP 32 on 4 x p5.48xlarge; out of sample: memory"
+    " -43.8 % eager, -41.6 % compiled, while its tokens/s fit, +12.4 / +14.1 %): the logged max reserved at step"
+    " 1990 (68.57 / 63.48 GiB) is 21 GiB above torchao's 8-GPU batch-1 run of the same weeks (47.65 GiB, estimated"
+    " within 4 %) although 32-way sharding keeps a quarter of the states per GPU; torchtitan's own table puts batch"
+    " 2 on 128 GPUs at 67.0 GiB. The README states the default llama3_8b.toml (batch 1); what else the run held"
+    " (a changed batch, allocator growth over 2,000 steps) is not stated: not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile", "memory GiB"): _SINGLE_MEM,
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_MEM,
@@ -163,6 +179,12 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("tinyllama_1b_fsdp16_a100_40gb", "tokens/s/device"): _TINYLLAMA,
     ("h100_llama31_8b_bf16_torchao", "decode tokens/s"): _TORCHAO_H100_DECODE,
     ("h100_llama31_8b_int8_torchao", "decode tokens/s"): _TORCHAO_H100_DECODE,
+    **{
+        (f"sagemaker_h100_8b_fsdp32_{m}", "tokens/s/device"): _SAGEMAKER
+        for m in ("eager", "compile", "compile_float8", "compile_float8_ag")
+    },
+    ("aws_h100_8b_fsdp32_eager", "memory GiB"): _AWS_MEM,
+    ("aws_h100_8b_fsdp32_compile", "memory GiB"): _AWS_MEM,
 }
 
 
@@ -189,7 +211,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.8 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 6.0 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
