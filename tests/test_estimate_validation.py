@@ -94,6 +94,48 @@ _GPT_FAST_405B = (
     " +4.8 %); what costs the 405B run more per byte (its 16384-wide int8 matrices, the 126-layer graph) is not"
     " published: not explained"
 )
+_B200 = (
+    "torchao's B200 table (8 x B200 at 750 W, Llama 3 8B, FSDP 8, torchtitan 6fc499f on torch 2.9 nightly of"
+    " 2025-08-15; out of sample: tokens/s bf16 +97.6 %, float8 tensorwise +111.4 %, rowwise +128.4 %; memory +11.8"
+    " .. +12.6 %): the published bf16 run sustains ~481 model TFLOPS per GPU, 21 % of the B200's dense bf16 peak,"
+    " where the same configuration on torchtitan's 500 W H100s sustains 36 % (torchao_h100: 6,150 tokens/s, fits);"
+    " the estimator prices the B200 from its published MAMF (1,745 TFLOPS at 1,000 W, scaled to 750 W) and flash"
+    " attention at the H100's fractions of peak, and no B200 measurement of that software's GEMMs or SDPA at these"
+    " shapes was found. The published peak memory is 5.4 GiB below the same configuration's on MI300X (39.09 GiB,"
+    " estimated within 4 %): not explained"
+)
+_TINYLLAMA = (
+    "TinyLlama 1.1B on 16 A100-40G (Lightning Fabric FSDP1, hand-fused kernels, no compile; out of sample +21.0 %;"
+    " its GPU-hours, the same measurement over 300B tokens, -17.0 %, are within 25 %): the published 24k tokens/s"
+    " is 56 % MFU by this framework's FLOP count (the README says 56 % too), the estimate 68 %; torchtitan's A100"
+    " rows run 7-15 % above their figures as well (see the A100 reason), and this run's fp32 all-gathers and"
+    " autocast weight casts (Lightning's bf16-mixed), its fused kernels in place of Inductor's and its two nodes'"
+    " unpublished network are not priced: not explained further"
+)
+_TORCHAO_H100_DECODE = (
+    "torchao's decode table on 'a single NVIDIA-H100 GPU' (Llama-3.1-8B, batch 1; out of sample: bf16 -15.7 %,"
+    " int8 weight-only -24.0 %; the same table's four A100 rows fit, -2.2 .. -14.2 %): the H100 variant is not"
+    " stated and the rows take the Meta 96 GB part (2.4 TB/s, 500 W) as torchao's training rows do; on the 80 GB"
+    " SXM part (3.35 TB/s, 700 W) the estimates would be +9.5 % and -4.0 % (computed after the rows were recorded;"
+    " the mapping was not changed). The published bf16 rate implies 1,905 GB/s of weights read per second, 79 % of"
+    " 2.4 TB/s, where the A100 rows imply 70 % of 2.04 TB/s"
+)
+_SAGEMAKER = (
+    "AWS's SageMaker blog with Meta, 2024-10 (Llama 3 8B, FSDP 32 on 4 x p5.48xlarge, H100 80GB, EFA; out of"
+    " sample: eager +17.3 %, compile +24.5 %, float8 +23.3 %, float8 all-gather +23.9 %): the same hardware and"
+    " configuration run by AWS on torchtitan / torch of 2025-03 (aws_torchtitan) was 4.8 % (eager) and 9.8 %"
+    " (compiled) faster and fits (+12.4 %, +14.1 %); what the 2024 stack (torch 2.5-2.6 nightlies, the SageMaker"
+    " container) lost is not stated; other multi-node runs over fabrics other than InfiniBand run below the"
+    " estimate too (fms-fsdp's H100 rows, torchtitan's H200 rows): not explained"
+)
+_AWS_MEM = (
+    "AWS's torchtitan test case (Llama 3 8B, local batch 1, FSDP 32 on 4 x p5.48xlarge; out of sample: memory"
+    " -43.8 % eager, -41.6 % compiled, while its tokens/s fit, +12.4 / +14.1 %): the logged max reserved at step"
+    " 1990 (68.57 / 63.48 GiB) is 21 GiB above torchao's 8-GPU batch-1 run of the same weeks (47.65 GiB, estimated"
+    " within 4 %) although 32-way sharding keeps a quarter of the states per GPU; torchtitan's own table puts batch"
+    " 2 on 128 GPUs at 67.0 GiB. The README states the default llama3_8b.toml (batch 1); what else the run held"
+    " (a changed batch, allocator growth over 2,000 steps) is not stated: not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile", "memory GiB"): _SINGLE_MEM,
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_MEM,
@@ -113,13 +155,6 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"mi300x_8b_fsdp8_b1_{r}_torchao", "tokens/s/device"): _MI300X
         for r in ("bf16", "tensorwise", "rowwise")
     },
-    (
-        "llama2_34b_gpu_hours",
-        "GPU-hours",
-    ): "Llama 2 34B GPU-hours (out of sample -26.8 %; 13B -21.8 %, 7B -13.9 %,"
-    " 70B -11.1 %): the paper's figures imply ~109 model TFLOPS per A100 for 34B against 118-134 for 7B, 13B and"
-    " 70B, and the layout behind them is not published (HSDP 64 x 16 with full AC is this file's assumption, the"
-    " 70B rule); the estimate's rate is nearly flat across the four sizes",
     ("h100_8b_fsdp8_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_rowwise_2025_06", "tokens/s/device"): _TP8_8B_ROWWISE,
     ("h100_8b_fsdp8_async_tp8_bf16_2025_06", "tokens/s/device"): _TP8_8B_ASYNC,
@@ -136,6 +171,20 @@ OUTSIDE: dict[tuple[str, str], str] = {
     },
     ("a100x2_llama31_70b_bf16_tp2", "decode tokens/s"): _GPT_FAST_70B_TP2,
     ("a100x8_llama31_405b_int8_tp8", "decode tokens/s"): _GPT_FAST_405B,
+    **{
+        (f"b200_8b_fsdp8_b1_{r}_torchao", what): _B200
+        for r in ("bf16", "tensorwise", "rowwise")
+        for what in ("tokens/s/device", "memory GiB")
+    },
+    ("tinyllama_1b_fsdp16_a100_40gb", "tokens/s/device"): _TINYLLAMA,
+    ("h100_llama31_8b_bf16_torchao", "decode tokens/s"): _TORCHAO_H100_DECODE,
+    ("h100_llama31_8b_int8_torchao", "decode tokens/s"): _TORCHAO_H100_DECODE,
+    **{
+        (f"sagemaker_h100_8b_fsdp32_{m}", "tokens/s/device"): _SAGEMAKER
+        for m in ("eager", "compile", "compile_float8", "compile_float8_ag")
+    },
+    ("aws_h100_8b_fsdp32_eager", "memory GiB"): _AWS_MEM,
+    ("aws_h100_8b_fsdp32_compile", "memory GiB"): _AWS_MEM,
 }
 
 
@@ -162,7 +211,7 @@ def test_outside_list_names_real_rows():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="median absolute cross-validated error is 5.1 % over all figures (goal 5 %)"
+    strict=True, reason="median absolute cross-validated error is 6.0 % over all figures (goal 5 %)"
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
