@@ -10,7 +10,7 @@ import torch
 from test_parity import layout_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import TINY, import_script
+from conftest import FIXED_PEAK, TINY, import_script
 from torchtitan.models.llama3.args import ModelArgs
 from torchtitan.models.llama3.model import Transformer
 from torchtitan.parallel.activation_checkpoint import SAVE_OPS, apply_ac
@@ -123,7 +123,7 @@ def test_ac_modes_train_bitwise_equal(monkeypatch, tmp_path):
         "op": ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"],
     }
     runs = {"none": (1, []), **{name: (1, args) for name, args in modes.items()}}
-    trained = layout_rows(runs, tmp_path, [*TINY, "--training.steps=10"])
+    trained = layout_rows(runs, tmp_path, [*TINY, FIXED_PEAK, "--training.steps=10"])
     baseline = trained["none"]
     for name in modes:
         rows = trained[name]

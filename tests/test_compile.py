@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import TINY, import_script
+from conftest import FIXED_PEAK, TINY, import_script
 
 
 def test_compile_matches_eager_with_selective_ac(monkeypatch):
@@ -18,7 +18,13 @@ def test_compile_matches_eager_with_selective_ac(monkeypatch):
     lc = import_script("loss_compare")
     # the compiled run uses FSDP 2 (1 sequence per rank), so FSDP2's hooks around compiled blocks are covered;
     # data.num_shards=2 gives both runs the same global batches
-    common = [*TINY, "--training.steps=10", "--activation_checkpoint.mode=selective", "--data.num_shards=2"]
+    common = [
+        *TINY,
+        FIXED_PEAK,
+        "--training.steps=10",
+        "--activation_checkpoint.mode=selective",
+        "--data.num_shards=2",
+    ]
     ok, report, worst = lc.loss_compare(
         [],
         ["--compile.enable=true", "--compile.components=model,loss", "--training.local_batch_size=1"],

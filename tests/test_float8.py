@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_parity import layout_rows
 
-from conftest import ROOT, TINY, run_script
+from conftest import FIXED_PEAK, ROOT, TINY, run_script
 from torchtitan.config import JobConfig, validate
 from torchtitan.config.manager import ConfigError
 from torchtitan.errors import UserError
@@ -168,6 +168,7 @@ def test_float8_recipes_track_bf16_for_50_steps(monkeypatch, tmp_path):
     lc = _loss_compare()
     common = [
         *TINY,
+        FIXED_PEAK,
         "--training.steps=50",
         "--training.mixed_precision_param=bfloat16",
         "--float8.min_dim=16",
@@ -200,7 +201,7 @@ def test_fsdp_float8_all_gather_with_precomputed_scales(monkeypatch, tmp_path):
     """
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     lc = _loss_compare()
-    common = [*TINY, "--training.steps=5", "--training.mixed_precision_param=bfloat16"]
+    common = [*TINY, FIXED_PEAK, "--training.steps=5", "--training.mixed_precision_param=bfloat16"]
     common += ["--float8.enable=true", "--float8.min_dim=16"]
     float8_all_gather = [
         "--float8.enable_fsdp_float8_all_gather=true",

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT, TINY, run_train, train_env
+from conftest import FIXED_PEAK, ROOT, TINY, run_train, train_env
+
+BASE = [*TINY, FIXED_PEAK]  # no check here reads MFU
 
 
 def free_port() -> int:
@@ -38,11 +40,11 @@ def torchrun_node(node_rank: int, nnodes: int, port: int, args: list[str], env: 
 
 def test_two_torchrun_nodes_match_one_node(tmp_path):
     steps = ["--training.steps=4", "--lr_scheduler.warmup_steps=2"]
-    one = run_train(2, TINY + steps + [f"--job.dump_folder={tmp_path / 'one'}"])
+    one = run_train(2, BASE + steps + [f"--job.dump_folder={tmp_path / 'one'}"])
     assert one.returncode == 0, one.stdout[-3000:]
 
     port = free_port()
-    args = TINY + steps + [f"--job.dump_folder={tmp_path / 'two'}", "--job.expected_nodes=2"]
+    args = BASE + steps + [f"--job.dump_folder={tmp_path / 'two'}", "--job.expected_nodes=2"]
     env = train_env(LOG_RANK="1")  # only rank 1 prints; every rank still writes its log file
     nodes = [torchrun_node(i, 2, port, args, env) for i in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in nodes]
@@ -58,14 +60,14 @@ def test_two_torchrun_nodes_match_one_node(tmp_path):
 
 
 def test_wrong_node_count_fails_at_once_with_both_numbers(tmp_path):
-    r = run_train(2, TINY + [f"--job.dump_folder={tmp_path}", "--job.expected_nodes=2"], timeout=300)
+    r = run_train(2, BASE + [f"--job.dump_folder={tmp_path}", "--job.expected_nodes=2"], timeout=300)
     assert r.returncode != 0
     assert "job.expected_nodes is 2 but the launcher formed a world of 1 node(s) (2 processes)" in r.stderr
 
 
 def test_rank_that_never_joins_is_named(tmp_path):
     env = train_env(TORCHTITAN_TEST_NEVER_JOIN="1", TORCHTITAN_TEST_RANK="1", LOG_RANK="all")
-    args = TINY + [f"--job.dump_folder={tmp_path}", "--comm.init_timeout_seconds=8"]
+    args = BASE + [f"--job.dump_folder={tmp_path}", "--comm.init_timeout_seconds=8"]
     r = run_train(2, args, env=env, timeout=300)
     assert r.returncode != 0
     msg = "rank 0: rank(s) 1 of 2 did not join within 8 s (comm.init_timeout_seconds)"
@@ -77,7 +79,7 @@ def test_stalled_step_watchdog_dumps_stacks_and_exits(tmp_path):
     # Rank 1 sleeps inside step 3; rank 0 waits for it in a collective. Both watchdogs fire before the
     # collective timeout: each rank's log gets every thread's stack, and the job ends with the hang exit code.
     env = train_env(TORCHTITAN_TEST_STALL_AT_STEP="3", TORCHTITAN_TEST_RANK="1", LOG_RANK="all")
-    args = TINY + [
+    args = BASE + [
         f"--job.dump_folder={tmp_path}",
         "--training.steps=6",
         "--comm.watchdog_timeout_seconds=6",
@@ -106,7 +108,7 @@ def test_subgroup_collective_timeout_names_rank_and_last_step(tmp_path):
         TORCHTITAN_TEST_RANK="1",
         LOG_RANK="all",
     )
-    args = TINY + [
+    args = BASE + [
         f"--job.dump_folder={tmp_path}",
         "--training.steps=4",
         "--parallelism.tensor_parallel_degree=2",
@@ -125,7 +127,7 @@ def test_first_step_runs_under_the_init_timeout(tmp_path):
     env = train_env(
         TORCHTITAN_TEST_STALL_AT_STEP="1", TORCHTITAN_TEST_STALL_SECONDS="8", TORCHTITAN_TEST_RANK="1"
     )
-    args = TINY + [
+    args = BASE + [
         f"--job.dump_folder={tmp_path}",
         "--training.steps=2",
         "--comm.watchdog_timeout_seconds=0",

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, shared_run, train_together
+from conftest import FIXED_PEAK, ROOT, shared_run, train_together
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from loss_compare import PARITY_DEFAULTS, compare, loss_compare, run  # noqa: E402
@@ -31,6 +31,7 @@ COMMON = [
     f"--training.steps={STEPS}",
     "--training.seq_len=64",
     "--metrics.enable_jsonl=true",
+    FIXED_PEAK,  # loss and grad norm only: no MFU, no calibration
 ]
 SHARDED = [*COMMON, "--data.num_shards=4"]  # global batch: 4 sequences, one from each virtual shard
 

@@ -17,13 +17,13 @@ import pytest
 import torch
 from test_parity import layout_rows
 
-from conftest import ROOT, TINY, run_script, train_env
+from conftest import FIXED_PEAK, ROOT, TINY, run_script, train_env
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from loss_compare import compare, run  # noqa: E402
 
 RTOL = 1e-5
-COMMON = [*TINY, "--training.steps=10", "--data.num_shards=2", "--lr_scheduler.warmup_steps=2"]
+COMMON = [*TINY, FIXED_PEAK, "--training.steps=10", "--data.num_shards=2", "--lr_scheduler.warmup_steps=2"]
 
 
 def pp(schedule, *extra):
