@@ -207,6 +207,26 @@ def test_optimizer_step_peak_counts_the_kernels_temporaries():
     assert out["foreach"]["memory_gib"] > out["fused"]["memory_gib"]
 
 
+def test_last_pipeline_stage_keeps_its_outputs_on_older_torch():
+    """torch before pytorch/pytorch#165822 kept every micro-batch's last-stage output until step() returned them
+    merged: m x tokens x vocab / TP x 2 B more on the last pipeline rank, nothing on the others."""
+    from torchtitan.estimate.memory import rank_memory
+    from torchtitan.estimate.plan import build_plan
+
+    argv = [*H100, "--model.flavor=8B", "--training.seq_len=4096", "--training.local_batch_size=8",
+            "--parallelism.pipeline_parallel_degree=4", "--parallelism.tensor_parallel_degree=2",
+            "--parallelism.pipeline_parallel_microbatch_size=2", "--estimate.num_devices=16"]  # fmt: skip
+    released = build_plan(parse_args(argv))
+    kept = build_plan(parse_args([*argv, "--estimate.pp_outputs=kept"]))
+    assert kept.n_microbatches == 4
+    outputs = 4 * (2 * 4096) * (128256 / 2) * 2  # m x tokens per micro-batch x vocab / TP x bf16
+    last = kept.pp - 1
+    extra = rank_memory(kept, last)["logits_loss"] - rank_memory(released, last)["logits_loss"]
+    assert extra == pytest.approx(outputs)
+    for r in range(last):
+        assert rank_memory(kept, r) == rank_memory(released, r)
+
+
 def test_activation_formulas_per_mode():
     for tp, sp in ((1, False), (8, True)):
         s = BlockShape(

@@ -51,6 +51,20 @@ def in_flight_passes(plan: Plan, rank: int) -> float:
     return float(min(m * v, (v - 1) * p + 2 * (p - 1 - rank) + 1))
 
 
+def kept_stage_outputs(plan: Plan) -> int:
+    """Outputs (logits, the model's activation dtype) of earlier micro-batches the last pipeline stage still holds at
+    its peak. torch's pipelining appended every micro-batch's last-stage output to `output_chunks` and `step()`
+    returned them merged (torch/distributed/pipelining/stage.py `forward_one_chunk`, schedules.py `step`), so they
+    lived until the step ended; pytorch/pytorch#165822 (Oct 2025) added `step(return_outputs=False)`, which this
+    trainer passes (torchtitan adopted it in e5ef99aab, "Update PP to release memory earlier"). With outputs kept,
+    all m are alive at the last micro-batch's backward on the last stage, while the rank holds as many passes in
+    flight as at its peak (1F1B: that one pass; interleaved: its earlier stages' chunks wait for their backward
+    until the last stage's are done); with outputs released, nothing beyond the loss buffers."""
+    if plan.pp_plan is None or plan.cfg.estimate.pp_outputs != "kept":
+        return 0
+    return plan.n_microbatches
+
+
 def gather_bytes(plan: Plan, linear_share_fp8: float) -> float:
     """Bytes per parameter of a gathered block: float8 all-gather moves the converted weights as 1 byte."""
     b = plan.act_bytes
@@ -156,6 +170,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         vocab = plan.args.vocab_size / plan.tp if plan.loss_parallel else plan.args.vocab_size
         per_logit = 2 * plan.act_bytes if plan.compile_loss else 3 * 4
         logits = tokens * vocab * per_logit
+        logits += kept_stage_outputs(plan) * tokens * vocab * plan.act_bytes
 
     # ---- FSDP: gathered copies and unsharded gradients ----
     gb = gather_bytes(plan, fp8_param_share(plan))
