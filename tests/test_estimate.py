@@ -227,6 +227,32 @@ def test_last_pipeline_stage_keeps_its_outputs_on_older_torch():
         assert rank_memory(kept, r) == rank_memory(released, r)
 
 
+def test_ring_attention_is_priced_by_the_kernels_torch_runs():
+    """Under CP, torch's load-balanced ring attention runs one causal kernel (seq / cp) and cp - 1 unmasked ones
+    (seq / cp x seq / (2 cp)), each 1 / cp of the rank's attention FLOPs; without CP one causal kernel."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import Rates, block_pass, ring_attention_kernels
+
+    assert ring_attention_kernels(1, 8192) == [(1.0, 8192, True)]
+    kernels = ring_attention_kernels(4, 32768)
+    assert kernels == [(0.25, 32768, True), (0.75, 16384, False)]
+    assert sum(share for share, _, _ in kernels) == 1.0
+    plan = build_plan(parse_args([*H100, "--model.flavor=8B", "--training.seq_len=131072",
+                                  "--training.local_batch_size=1", "--parallelism.context_parallel_degree=4",
+                                  "--estimate.num_devices=8"]))  # fmt: skip
+    r = Rates(plan)
+    tokens = plan.tokens_per_pass
+    flops = 4 * tokens * (plan.seq_len / 2) * plan.shape.h
+    expected = sum(
+        share * (flops / r.attention(n, False, causal) + 2.5 * flops / r.attention(n, True, causal))
+        for share, n, causal in kernels
+    )
+    got = block_pass(plan, r, "none", tokens).attention
+    assert got == pytest.approx(expected)
+    all_causal = flops / r.attention(32768, False) + 2.5 * flops / r.attention(32768, True)
+    assert got < all_causal  # unmasked FA2 sustains more than causal (370 vs 335 TFLOPS at 16K on H100)
+
+
 def test_activation_formulas_per_mode():
     for tp, sp in ((1, False), (8, True)):
         s = BlockShape(

@@ -114,13 +114,14 @@ class Rates:
                 rate *= rates.ROWWISE_FWD_RATE
         return max(flops / rate, moved / self.hbm) + extra
 
-    def attention(self, seq: float, backward: bool) -> float:
-        """FLOP/s of flash attention (causal) at this per-rank sequence length."""
+    def attention(self, seq: float, backward: bool, causal: bool = True) -> float:
+        """FLOP/s of flash attention at this per-rank sequence length (causal, or without a mask)."""
         if self.attn_measured is not None:
             return self.attn_measured
         if self.cpu_peak is not None:
             return self.cpu_peak
-        return self.hw.bf16_tflops * 1e12 * rates.attention_fraction(self.hw.name, seq, backward) * self.power
+        frac = rates.attention_fraction(self.hw.name, seq, backward, causal)
+        return self.hw.bf16_tflops * 1e12 * frac * self.power
 
 
 def _local(lin: Linear, tp: int) -> tuple[int, int]:
@@ -224,9 +225,12 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
             p.recompute += f + t_f
     # flash attention: queries of this rank x (seq_len / 2) keys on average (causal, load-balanced under CP)
     attn_fwd_flops = 4 * tokens * (plan.seq_len / 2) * s.h
-    seq = plan.seq_len / plan.cp  # each ring step attends one rank's block of queries to one block of keys
-    t_af = attn_fwd_flops / r.attention(seq, backward=False)
-    t_ab = 2.5 * attn_fwd_flops / r.attention(seq, backward=True)  # 5 matmuls backward vs 2 forward
+    seq = plan.seq_len / plan.cp  # the rank's queries (two load-balanced chunks under CP)
+    attn_bwd_flops = 2.5 * attn_fwd_flops  # 5 matmuls backward (scores recomputed) vs 2 forward
+    t_af = t_ab = 0.0
+    for share, length, causal in ring_attention_kernels(plan.cp, seq):
+        t_af += share * attn_fwd_flops / r.attention(length, backward=False, causal=causal)
+        t_ab += share * attn_bwd_flops / r.attention(length, backward=True, causal=causal)
     p.attention = t_af + t_ab
     p.fwd += t_af
     if recomputes_attention(mode):
@@ -243,6 +247,21 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     if recomputes_elementwise(mode):
         p.recompute += t_ef
     return p
+
+
+def ring_attention_kernels(cp: int, seq: float) -> list[tuple[float, float, bool]]:
+    """(share of the rank's attention FLOPs, sequence length, causal) of each flash-attention kernel a rank runs.
+
+    Without CP: one causal kernel over the sequence. Under CP, torch's ring attention with round-robin load
+    balancing (torch/distributed/tensor/experimental/_context_parallel/_attention.py, `_templated_ring_attention`:
+    each rank holds two chunks of seq / (2 cp) tokens) runs cp kernels per pass: step 0 the rank's queries against
+    its own keys, causal, over seq / cp; every later step without a mask, either all its queries against the first
+    half of the arriving keys or the second half of its queries against all of them, seq / cp x seq / (2 cp). Every
+    step does the same FLOPs (the causal L x L half equals L x L/2), so each has 1 / cp of them; the unmasked ones
+    are priced at the non-causal rate of their shorter side, seq / (2 cp)."""
+    if cp == 1:
+        return [(1.0, seq, True)]
+    return [(1.0 / cp, seq, True), ((cp - 1) / cp, seq / 2, False)]
 
 
 def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
