@@ -227,6 +227,30 @@ def test_last_pipeline_stage_keeps_its_outputs_on_older_torch():
         assert rank_memory(kept, r) == rank_memory(released, r)
 
 
+def test_pipeline_stage_boundary_buffers():
+    """torch's PipelineStage keeps m receive buffers per non-first stage (the in-flight passes' inputs are among
+    them), m gradient receive buffers per non-last stage and the in-flight passes' outputs: 1F1B on 4 ranks with 8
+    micro-batches of 2 x 4096 tokens, TP 2 with sequence parallel (each buffer 8192 x 4096 / 2 x 2 B)."""
+    from torchtitan.estimate.memory import in_flight_by_stage, pipeline_buffer_bytes
+    from torchtitan.estimate.plan import build_plan
+
+    base = [*H100, "--model.flavor=8B", "--training.seq_len=4096", "--training.local_batch_size=16",
+            "--parallelism.pipeline_parallel_degree=4", "--parallelism.tensor_parallel_degree=2",
+            "--parallelism.pipeline_parallel_microbatch_size=2", "--estimate.num_devices=16"]  # fmt: skip
+    plan = build_plan(parse_args(base))
+    assert plan.n_microbatches == 8
+    buf = 2 * 4096 * (4096 / 2) * 2
+    # rank 0: 4 in flight, 8 grad buffers; ranks 1, 2: 8 - (4 - r) idle receive buffers + 8 + (4 - r); last: 8 - 1
+    expected = [8 + 4, 2 * 8, 2 * 8, 8 - 1]
+    assert [pipeline_buffer_bytes(plan, r) for r in range(4)] == pytest.approx([n * buf for n in expected])
+    inter = build_plan(parse_args([*base, "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                                   "--parallelism.pipeline_parallel_stages_per_rank=2"]))  # fmt: skip
+    # rank 0's 11 warm-up forwards: rounds of 4 micro-batches, stage 0 then stage 4, then stage 0 again
+    assert in_flight_by_stage(inter, 0) == [7.0, 4.0]
+    assert pipeline_buffer_bytes(inter, 0) == pytest.approx(((8 + 7) + (8 - 4) + (8 + 4)) * buf)
+    assert pipeline_buffer_bytes(build_plan(parse_args(EIGHT_B + H100)), 0) == 0.0
+
+
 def test_ring_attention_is_priced_by_the_kernels_torch_runs():
     """Under CP, torch's load-balanced ring attention runs one causal kernel (seq / cp) and cp - 1 unmasked ones
     (seq / cp x seq / (2 cp)), each 1 / cp of the rank's attention FLOPs; without CP one causal kernel."""
