@@ -251,6 +251,30 @@ def test_pipeline_stage_boundary_buffers():
     assert pipeline_buffer_bytes(build_plan(parse_args(EIGHT_B + H100)), 0) == 0.0
 
 
+def test_sequence_parallel_layout_copies():
+    """Sequence parallelism's collectives re-lay the stream (scripts/sp_layout_copies.py measured Inductor's copy
+    kernels): every reduce-scatter copies its input, an all-gather its output only when the local batch is > 1;
+    each copy reads and writes tokens x dim elements. None without TP, none with async TP's fused ops."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import sp_layout_copy_bytes
+
+    base = [*H100, "--model.flavor=8B", "--training.seq_len=8192", "--parallelism.tensor_parallel_degree=8",
+            "--estimate.num_devices=8"]  # fmt: skip
+    d, b = 4096, 2
+
+    def copies(*argv, mode="op"):
+        return sp_layout_copy_bytes(build_plan(parse_args([*base, *argv])), mode)
+
+    # batch 4: 2 all-gathers + 2 reduce-scatters each way; op recompute redoes the 2 all-gathers
+    assert copies("--training.local_batch_size=4") == (8 * d * b, 8 * d * b, 4 * d * b)
+    assert copies("--training.local_batch_size=4", mode="full") == (8 * d * b, 8 * d * b, 8 * d * b)
+    # batch 1: the all-gathers' outputs are views, the reduce-scatters still copy
+    assert copies("--training.local_batch_size=1") == (4 * d * b, 4 * d * b, 0)
+    assert copies("--training.local_batch_size=4", "--estimate.async_tp=true") == (0, 0, 0)
+    no_tp = build_plan(parse_args([*H100, "--model.flavor=8B", "--estimate.num_devices=8"]))
+    assert sp_layout_copy_bytes(no_tp, "op") == (0, 0, 0)
+
+
 def test_ring_attention_is_priced_by_the_kernels_torch_runs():
     """Under CP, torch's load-balanced ring attention runs one causal kernel (seq / cp) and cp - 1 unmasked ones
     (seq / cp x seq / (2 cp)), each 1 / cp of the rank's attention FLOPs; without CP one causal kernel."""

@@ -246,7 +246,40 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     p.fwd += t_ef
     if recomputes_elementwise(mode):
         p.recompute += t_ef
+    c_f, c_b, c_r = sp_layout_copy_bytes(plan, mode)
+    t_cf, t_cb, t_cr = (c * tokens / r.hbm for c in (c_f, c_b, c_r))
+    p.elementwise += t_cf + t_cb
+    p.fwd += t_cf
+    p.recompute += t_cr
     return p
+
+
+def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
+    """(forward, backward, recompute) bytes per token of the layout copies around a block's sequence-parallel
+    collectives (measured: this framework's CPU run of a compiled sequence-parallel block, "SP layout copies" in
+    docs/estimate.md).
+
+    The residual stream is [batch, seq / tp, d] and sequence parallelism shards dim 1, while NCCL gathers and
+    scatters along dim 0: torch's functional collectives (torch/distributed/_functional_collectives.py) re-lay the
+    all-gather's [tp x batch, seq / tp, d] output into [batch, seq, d] (`_maybe_view_chunk_cat`: a view only when
+    the local batch is 1) and the reduce-scatter's [batch, seq, d] input into tp chunks along dim 0
+    (`_chunk_or_narrow_cat`: always a copy). Inductor keeps both as copy kernels (`cat_split`). Each reads and
+    writes the gathered tensor, tokens x d elements at the collective's element size. torch's async TP replaces
+    these collectives with fused all-gather-matmul / matmul-reduce-scatter ops that take shards in place (the
+    micro-pipeline pass restrides their operands: torch/distributed/_symmetric_memory, "no extra copy is
+    required"): none there."""
+    if plan.tp == 1 or not plan.sequence_parallel or plan.async_tp:
+        return 0.0, 0.0, 0.0
+    d, b = plan.args.dim, plan.act_bytes
+    attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
+    gather_copies = plan.microbatch_seqs > 1  # all-gather output re-laid only when the local batch is > 1
+    ag_f = (attn_in + ffn_in) if gather_copies else 0
+    ag_b = (wo_grad + w2_grad) if gather_copies else 0
+    fwd = 2 * d * (ag_f + 2 * b)  # 2 all-gathers + 2 reduce-scatters, each read + written
+    bwd = 2 * d * (ag_b + 2 * b)
+    n = tp_collectives_recomputed(mode)
+    rec = 2 * d * ((ag_f if n >= 2 else 0) + max(0, n - 2) * b)
+    return fwd, bwd, rec
 
 
 def ring_attention_kernels(cp: int, seq: float) -> list[tuple[float, float, bool]]:
