@@ -275,6 +275,28 @@ def test_sequence_parallel_layout_copies():
     assert sp_layout_copy_bytes(no_tp, "op") == (0, 0, 0)
 
 
+def test_float8_tp_casts_once_before_the_collective():
+    """Under torchao's float8 TP styles (tensorwise, TP on a GPU) the attention / feed-forward inputs and wo / w2's
+    output gradients are cast once, on the sequence-sharded tensor; the Float8Linears that receive float8 skip
+    that cast and only transpose it for the weight gradient. Without TP every linear casts its own."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import _float8_cast_bytes, float8_tp_shared_cast_bytes
+
+    base = [*H100, "--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=2",
+            "--float8.enable=true", "--compile.enable=true", "--estimate.num_devices=8"]  # fmt: skip
+    tp = build_plan(parse_args([*base, "--parallelism.tensor_parallel_degree=8"]))
+    lin = {x.name: x for x in tp.block_linears}
+    d = 4096
+    assert _float8_cast_bytes(tp, lin["wq"]) == (0.0, 2 * d + 5 * 512, 7.0)  # wq: k = 4096, n = 4096 / 8
+    assert _float8_cast_bytes(tp, lin["wo"]) == (3 * 512, 3 * 512 + 2 * d, 7.0)  # wo: k = 512, n = 4096
+    # the shared casts: 2 inputs forward, 2 gradients backward, on d / tp per token; op recompute redoes wk, w3
+    assert float8_tp_shared_cast_bytes(tp, {"wk", "wo", "w3"}) == (6 * d / 8, 6 * d / 8, 6 * d / 8)
+    no_tp = build_plan(parse_args(base))
+    lin = {x.name: x for x in no_tp.block_linears}
+    assert _float8_cast_bytes(no_tp, lin["wq"]) == (3 * d, 3 * d + 5 * d, 7.0)
+    assert float8_tp_shared_cast_bytes(no_tp, set()) == (0, 0, 0)
+
+
 def test_ring_attention_is_priced_by_the_kernels_torch_runs():
     """Under CP, torch's load-balanced ring attention runs one causal kernel (seq / cp) and cp - 1 unmasked ones
     (seq / cp x seq / (2 cp)), each 1 / cp of the rank's attention FLOPs; without CP one causal kernel."""

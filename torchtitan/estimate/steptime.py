@@ -169,14 +169,65 @@ def elementwise_bytes(plan: Plan) -> tuple[float, float]:
     return fwd, bwd
 
 
+FLOAT8_TP_GROUPS = {
+    "wq": "attn",
+    "wk": "attn",
+    "wv": "attn",
+    "w1": "ffn",
+    "w3": "ffn",
+    "wo": "wo",
+    "w2": "w2",
+}
+
+
+def float8_tp_precast(plan: Plan) -> dict[str, bool]:
+    """Which tensors torchao's float8 TP styles cast to float8 once, before their collective, instead of in each
+    consuming Float8Linear: "attn" / "ffn", the input of wq, wk, wv / w1, w3 (PrepareFloat8ModuleInput), and "wo" /
+    "w2", the gradient of that linear's output (Float8RowwiseParallel's NoopFwToFloat8BwDynamic). The trainer's TP
+    plan uses them exactly where those collectives carry 1 byte (`sp_all_gather_bytes`), on GPUs under TP."""
+    if plan.tp == 1:
+        return dict.fromkeys(("attn", "ffn", "wo", "w2"), False)
+    attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
+    return {"attn": attn_in == 1, "ffn": ffn_in == 1, "wo": wo_grad == 1, "w2": w2_grad == 1}
+
+
 def _float8_cast_bytes(plan: Plan, lin: Linear) -> tuple[float, float, float]:
     """(forward per token, backward per token, per pass per weight) bytes of torchao's dynamic float8 scaling for a
     converted linear: amax + cast of the input (fwd) and of the output gradient (bwd), the input re-cast and both
-    transposed for the weight gradient, the weight cast and transpose once per pass (fused by compile)."""
+    transposed for the weight gradient, the weight cast and transpose once per pass (fused by compile).
+
+    Under torchao's float8 TP styles (`float8_tp_precast`) a Float8Linear whose input, or output gradient, arrives
+    already in float8 skips that cast (torchao float8/float8_linear.py, `matmul_with_hp_or_float8_args`:
+    `tensor_already_casted_to_fp8`) and uses the tensor for the weight gradient too, which torch._scaled_mm then
+    needs transposed (one read and one write per element); the one shared cast is `float8_tp_shared_cast_bytes`."""
     k, n = _local(lin, plan.tp)
-    if plan.compile_model:
-        return 3 * k, 3 * k + 5 * n, 2.0 if plan.float8_all_gather else 7.0
-    return 5 * k, 5 * k + 7 * n, 2.0 if plan.float8_all_gather else 7.0
+    c_in, c_grad = (3, 5) if plan.compile_model else (5, 7)
+    weight = 2.0 if plan.float8_all_gather else 7.0
+    pre = float8_tp_precast(plan)
+    group = FLOAT8_TP_GROUPS.get(lin.name, "")
+    if lin.colwise and pre.get(group, False):
+        return 0.0, 2 * k + c_grad * n, weight
+    if not lin.colwise and pre.get(group, False):
+        return c_in * k, c_in * k + 2 * n, weight
+    return c_in * k, c_in * k + c_grad * n, weight
+
+
+def float8_tp_shared_cast_bytes(plan: Plan, recomputed: set[str]) -> tuple[float, float, float]:
+    """(forward, backward, recompute) bytes per token of the float8 casts torchao's TP styles do once per group,
+    before the collective: on the sequence-sharded tensor under sequence parallel (1/tp of the tokens), an input
+    cast (amax + cast) per pre-cast input, a gradient cast per pre-cast output gradient; the recompute repeats an
+    input's cast when it repeats one of its consumers."""
+    pre = float8_tp_precast(plan)
+    share = plan.args.dim / plan.tp if plan.sequence_parallel else plan.args.dim
+    c_in = 3 if plan.compile_model else 5
+    fwd = c_in * share * (pre["attn"] + pre["ffn"])
+    bwd = c_in * share * (pre["wo"] + pre["w2"])
+    rec = (
+        c_in
+        * share
+        * sum(pre[g] and any(FLOAT8_TP_GROUPS[name] == g for name in recomputed) for g in ("attn", "ffn"))
+    )
+    return fwd, bwd, rec
 
 
 def rowwise_measured(plan: Plan, r: Rates) -> bool:
@@ -223,6 +274,11 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
         p.fwd += f + t_f
         if lin.name in rec_mm:
             p.recompute += f + t_f
+    if plan.float8:
+        c_f, c_b, c_r = float8_tp_shared_cast_bytes(plan, set(rec_mm))
+        p.float8_casts += (c_f + c_b) * tokens / r.hbm
+        p.fwd += c_f * tokens / r.hbm
+        p.recompute += c_r * tokens / r.hbm
     # flash attention: queries of this rank x (seq_len / 2) keys on average (causal, load-balanced under CP)
     attn_fwd_flops = 4 * tokens * (plan.seq_len / 2) * s.h
     seq = plan.seq_len / plan.cp  # the rank's queries (two load-balanced chunks under CP)
