@@ -254,7 +254,8 @@ def test_pipeline_stage_boundary_buffers():
 def test_sequence_parallel_layout_copies():
     """Sequence parallelism's collectives re-lay the stream (scripts/sp_layout_copies.py measured Inductor's copy
     kernels): every reduce-scatter copies its input, an all-gather its output only when the local batch is > 1;
-    each copy reads and writes tokens x dim elements. None without TP, none with async TP's fused ops."""
+    each copy reads and writes tokens x dim elements. None without TP; with async TP only the backward's two
+    reduce-scatters, which its micro-pipeline pass does not fuse, copy."""
     from torchtitan.estimate.plan import build_plan
     from torchtitan.estimate.steptime import sp_layout_copy_bytes
 
@@ -270,7 +271,7 @@ def test_sequence_parallel_layout_copies():
     assert copies("--training.local_batch_size=4", mode="full") == (8 * d * b, 8 * d * b, 8 * d * b)
     # batch 1: the all-gathers' outputs are views, the reduce-scatters still copy
     assert copies("--training.local_batch_size=1") == (4 * d * b, 4 * d * b, 0)
-    assert copies("--training.local_batch_size=4", "--estimate.async_tp=true") == (0, 0, 0)
+    assert copies("--training.local_batch_size=4", "--estimate.async_tp=true") == (0, 4 * d * b, 0)
     no_tp = build_plan(parse_args([*H100, "--model.flavor=8B", "--estimate.num_devices=8"]))
     assert sp_layout_copy_bytes(no_tp, "op") == (0, 0, 0)
 
@@ -295,6 +296,27 @@ def test_float8_tp_casts_once_before_the_collective():
     lin = {x.name: x for x in no_tp.block_linears}
     assert _float8_cast_bytes(no_tp, lin["wq"]) == (3 * d, 3 * d + 5 * d, 7.0)
     assert float8_tp_shared_cast_bytes(no_tp, set()) == (0, 0, 0)
+
+
+def test_async_tp_leaves_the_backward_reduce_scatters_exposed():
+    """Async TP hides async_tp_exposed of the collectives torch's micro-pipeline pass fuses; the backward's two
+    reduce-scatters per block (of summed input gradients) it cannot fuse stay exposed like vanilla TP's."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import Rates, async_tp_unfused, tp_comm
+
+    argv = [*H100, "--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=2",
+            "--parallelism.tensor_parallel_degree=8", "--estimate.num_devices=8", "--estimate.async_tp=true"]  # fmt: skip
+    plan = build_plan(parse_args(argv))
+    r, tokens = Rates(plan), plan.tokens_per_pass
+    modes = ["op"] * 4
+    total, unfused = tp_comm(plan, r, tokens, modes, False, False), async_tp_unfused(plan, r, tokens, modes)
+    # per block: 2 + 2 forward, 2 + 2 backward, 2 recomputed all-gathers of equal size; 2 are unfused
+    assert unfused == pytest.approx(total * 2 / 10, rel=0.05) and unfused > 0
+    out = estimate_training(parse_args(argv))
+    vanilla = estimate_training(parse_args(argv[:-1]))
+    assert (
+        out["step_time_breakdown_s"]["tp_comm_exposed"] < vanilla["step_time_breakdown_s"]["tp_comm_exposed"]
+    )
 
 
 def test_ring_attention_is_priced_by_the_kernels_torch_runs():

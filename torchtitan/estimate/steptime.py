@@ -324,9 +324,13 @@ def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
     these collectives with fused all-gather-matmul / matmul-reduce-scatter ops that take shards in place (the
     micro-pipeline pass restrides their operands: torch/distributed/_symmetric_memory, "no extra copy is
     required"): none there."""
-    if plan.tp == 1 or not plan.sequence_parallel or plan.async_tp:
+    if plan.tp == 1 or not plan.sequence_parallel:
         return 0.0, 0.0, 0.0
     d, b = plan.args.dim, plan.act_bytes
+    if (
+        plan.async_tp
+    ):  # only the backward's two unfused reduce-scatters (`async_tp_unfused`) copy their inputs
+        return 0.0, 2 * d * 2 * b, 0.0
     attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
     gather_copies = plan.microbatch_seqs > 1  # all-gather output re-laid only when the local batch is > 1
     ag_f = (attn_in + ffn_in) if gather_copies else 0
@@ -479,6 +483,18 @@ def sp_all_gather_bytes(plan: Plan) -> tuple[int, int, int, int]:
     return size("wq", "wk", "wv"), size("w1", "w3"), size("wo"), size("w2")
 
 
+def async_tp_unfused(plan: Plan, r: Rates, tokens: float, modes: list[str]) -> float:
+    """Seconds of the TP collectives of one pass that torch's async TP leaves as plain collectives: the backward's
+    reduce-scatters. Its micro-pipeline pass (torch/_inductor/fx_passes/micro_pipeline_tp.py) fuses a
+    reduce-scatter only when its input is one matmul's output; in the backward graph each reduce-scatter takes the
+    sum of the input gradients of wq + wk + wv (w1 + w3), "so it's not what we are looking to fuse"
+    (pytorch/pytorch#149946, its author on why the pass no longer asserts a fusion per graph)."""
+    if plan.tp == 1 or not plan.sequence_parallel:
+        return 0.0
+    rs = _ring(plan, r, tokens * plan.args.dim * plan.act_bytes, plan.tp, 1, "reduce_scatter")
+    return 2 * rs * len(modes)
+
+
 def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
     """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
     t = plan.tp
@@ -568,7 +584,13 @@ def training_step_time(plan: Plan) -> dict:
         attention = sum(u.attention for u in units)
         fsdp_exposed = fsdp_units(plan, r, rank, [(u.fwd, u.total - u.fwd) for u in units])
         tp = tp_comm(plan, r, tokens, modes, has_emb, has_head)
-        tp *= plan.eff.async_tp_exposed if plan.async_tp else plan.eff.tp_exposed
+        if (
+            plan.async_tp
+        ):  # what torch's micro-pipeline pass fuses, and the backward reduce-scatters it cannot
+            unfused = async_tp_unfused(plan, r, tokens, modes)
+            tp = plan.eff.async_tp_exposed * (tp - unfused) + plan.eff.tp_exposed * unfused
+        else:
+            tp *= plan.eff.tp_exposed
         cp = cp_comm(plan, r, tokens, modes, attention)
         detail = {
             "matmul": sum(u.matmul for u in units),
