@@ -312,8 +312,8 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
 
 def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
     """(forward, backward, recompute) bytes per token of the layout copies around a block's sequence-parallel
-    collectives (measured: this framework's CPU run of a compiled sequence-parallel block, "SP layout copies" in
-    docs/estimate.md).
+    collectives (measured in Inductor's code for a compiled sequence-parallel block by scripts/sp_layout_copies.py;
+    docs/estimate.md, "sequence-parallel layout copies").
 
     The residual stream is [batch, seq / tp, d] and sequence parallelism shards dim 1, while NCCL gathers and
     scatters along dim 0: torch's functional collectives (torch/distributed/_functional_collectives.py) re-lay the
@@ -321,15 +321,14 @@ def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
     the local batch is 1) and the reduce-scatter's [batch, seq, d] input into tp chunks along dim 0
     (`_chunk_or_narrow_cat`: always a copy). Inductor keeps both as copy kernels (`cat_split`). Each reads and
     writes the gathered tensor, tokens x d elements at the collective's element size. torch's async TP replaces
-    these collectives with fused all-gather-matmul / matmul-reduce-scatter ops that take shards in place (the
+    the collectives it fuses with all-gather-matmul / matmul-reduce-scatter ops that take shards in place (the
     micro-pipeline pass restrides their operands: torch/distributed/_symmetric_memory, "no extra copy is
-    required"): none there."""
+    required"), so there only the backward's unfused reduce-scatters copy."""
     if plan.tp == 1 or not plan.sequence_parallel:
         return 0.0, 0.0, 0.0
     d, b = plan.args.dim, plan.act_bytes
-    if (
-        plan.async_tp
-    ):  # only the backward's two unfused reduce-scatters (`async_tp_unfused`) copy their inputs
+    if plan.async_tp:
+        # only the backward's two reduce-scatters, which async TP leaves unfused (`async_tp_unfused`), copy
         return 0.0, 2 * d * 2 * b, 0.0
     attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
     gather_copies = plan.microbatch_seqs > 1  # all-gather output re-laid only when the local batch is > 1
@@ -584,9 +583,8 @@ def training_step_time(plan: Plan) -> dict:
         attention = sum(u.attention for u in units)
         fsdp_exposed = fsdp_units(plan, r, rank, [(u.fwd, u.total - u.fwd) for u in units])
         tp = tp_comm(plan, r, tokens, modes, has_emb, has_head)
-        if (
-            plan.async_tp
-        ):  # what torch's micro-pipeline pass fuses, and the backward reduce-scatters it cannot
+        if plan.async_tp:
+            # the collectives torch's micro-pipeline pass fuses, and the backward reduce-scatters it cannot
             unfused = async_tp_unfused(plan, r, tokens, modes)
             tp = plan.eff.async_tp_exposed * (tp - unfused) + plan.eff.tp_exposed * unfused
         else:
