@@ -207,6 +207,144 @@ def test_optimizer_step_peak_counts_the_kernels_temporaries():
     assert out["foreach"]["memory_gib"] > out["fused"]["memory_gib"]
 
 
+def test_last_pipeline_stage_keeps_its_outputs_on_older_torch():
+    """torch before pytorch/pytorch#165822 kept every micro-batch's last-stage output until step() returned them
+    merged: m x tokens x vocab / TP x 2 B more on the last pipeline rank, nothing on the others."""
+    from torchtitan.estimate.memory import rank_memory
+    from torchtitan.estimate.plan import build_plan
+
+    argv = [*H100, "--model.flavor=8B", "--training.seq_len=4096", "--training.local_batch_size=8",
+            "--parallelism.pipeline_parallel_degree=4", "--parallelism.tensor_parallel_degree=2",
+            "--parallelism.pipeline_parallel_microbatch_size=2", "--estimate.num_devices=16"]  # fmt: skip
+    released = build_plan(parse_args(argv))
+    kept = build_plan(parse_args([*argv, "--estimate.pp_outputs=kept"]))
+    assert kept.n_microbatches == 4
+    outputs = 4 * (2 * 4096) * (128256 / 2) * 2  # m x tokens per micro-batch x vocab / TP x bf16
+    last = kept.pp - 1
+    extra = rank_memory(kept, last)["logits_loss"] - rank_memory(released, last)["logits_loss"]
+    assert extra == pytest.approx(outputs)
+    for r in range(last):
+        assert rank_memory(kept, r) == rank_memory(released, r)
+
+
+def test_pipeline_stage_boundary_buffers():
+    """torch's PipelineStage keeps m receive buffers per non-first stage (the in-flight passes' inputs are among
+    them), m gradient receive buffers per non-last stage and the in-flight passes' outputs: 1F1B on 4 ranks with 8
+    micro-batches of 2 x 4096 tokens, TP 2 with sequence parallel (each buffer 8192 x 4096 / 2 x 2 B)."""
+    from torchtitan.estimate.memory import in_flight_by_stage, pipeline_buffer_bytes
+    from torchtitan.estimate.plan import build_plan
+
+    base = [*H100, "--model.flavor=8B", "--training.seq_len=4096", "--training.local_batch_size=16",
+            "--parallelism.pipeline_parallel_degree=4", "--parallelism.tensor_parallel_degree=2",
+            "--parallelism.pipeline_parallel_microbatch_size=2", "--estimate.num_devices=16"]  # fmt: skip
+    plan = build_plan(parse_args(base))
+    assert plan.n_microbatches == 8
+    buf = 2 * 4096 * (4096 / 2) * 2
+    # rank 0: 4 in flight, 8 grad buffers; ranks 1, 2: 8 - (4 - r) idle receive buffers + 8 + (4 - r); last: 8 - 1
+    expected = [8 + 4, 2 * 8, 2 * 8, 8 - 1]
+    assert [pipeline_buffer_bytes(plan, r) for r in range(4)] == pytest.approx([n * buf for n in expected])
+    inter = build_plan(parse_args([*base, "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                                   "--parallelism.pipeline_parallel_stages_per_rank=2"]))  # fmt: skip
+    # rank 0's 11 warm-up forwards: rounds of 4 micro-batches, stage 0 then stage 4, then stage 0 again
+    assert in_flight_by_stage(inter, 0) == [7.0, 4.0]
+    assert pipeline_buffer_bytes(inter, 0) == pytest.approx(((8 + 7) + (8 - 4) + (8 + 4)) * buf)
+    assert pipeline_buffer_bytes(build_plan(parse_args(EIGHT_B + H100)), 0) == 0.0
+
+
+def test_sequence_parallel_layout_copies():
+    """Sequence parallelism's collectives re-lay the stream (scripts/sp_layout_copies.py measured Inductor's copy
+    kernels): every reduce-scatter copies its input, an all-gather its output only when the local batch is > 1;
+    each copy reads and writes tokens x dim elements. None without TP; with async TP only the backward's two
+    reduce-scatters, which its micro-pipeline pass does not fuse, copy."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import sp_layout_copy_bytes
+
+    base = [*H100, "--model.flavor=8B", "--training.seq_len=8192", "--parallelism.tensor_parallel_degree=8",
+            "--estimate.num_devices=8"]  # fmt: skip
+    d, b = 4096, 2
+
+    def copies(*argv, mode="op"):
+        return sp_layout_copy_bytes(build_plan(parse_args([*base, *argv])), mode)
+
+    # batch 4: 2 all-gathers + 2 reduce-scatters each way; op recompute redoes the 2 all-gathers
+    assert copies("--training.local_batch_size=4") == (8 * d * b, 8 * d * b, 4 * d * b)
+    assert copies("--training.local_batch_size=4", mode="full") == (8 * d * b, 8 * d * b, 8 * d * b)
+    # batch 1: the all-gathers' outputs are views, the reduce-scatters still copy
+    assert copies("--training.local_batch_size=1") == (4 * d * b, 4 * d * b, 0)
+    assert copies("--training.local_batch_size=4", "--estimate.async_tp=true") == (0, 4 * d * b, 0)
+    no_tp = build_plan(parse_args([*H100, "--model.flavor=8B", "--estimate.num_devices=8"]))
+    assert sp_layout_copy_bytes(no_tp, "op") == (0, 0, 0)
+
+
+def test_float8_tp_casts_once_before_the_collective():
+    """Under torchao's float8 TP styles (tensorwise, TP on a GPU) the attention / feed-forward inputs and wo / w2's
+    output gradients are cast once, on the sequence-sharded tensor; the Float8Linears that receive float8 skip
+    that cast and only transpose it for the weight gradient. Without TP every linear casts its own."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import _float8_cast_bytes, float8_tp_shared_cast_bytes
+
+    base = [*H100, "--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=2",
+            "--float8.enable=true", "--compile.enable=true", "--estimate.num_devices=8"]  # fmt: skip
+    tp = build_plan(parse_args([*base, "--parallelism.tensor_parallel_degree=8"]))
+    lin = {x.name: x for x in tp.block_linears}
+    d = 4096
+    assert _float8_cast_bytes(tp, lin["wq"]) == (0.0, 2 * d + 5 * 512, 7.0)  # wq: k = 4096, n = 4096 / 8
+    assert _float8_cast_bytes(tp, lin["wo"]) == (3 * 512, 3 * 512 + 2 * d, 7.0)  # wo: k = 512, n = 4096
+    # the shared casts: 2 inputs forward, 2 gradients backward, on d / tp per token; op recompute redoes wk, w3
+    assert float8_tp_shared_cast_bytes(tp, {"wk", "wo", "w3"}) == (6 * d / 8, 6 * d / 8, 6 * d / 8)
+    no_tp = build_plan(parse_args(base))
+    lin = {x.name: x for x in no_tp.block_linears}
+    assert _float8_cast_bytes(no_tp, lin["wq"]) == (3 * d, 3 * d + 5 * d, 7.0)
+    assert float8_tp_shared_cast_bytes(no_tp, set()) == (0, 0, 0)
+
+
+def test_async_tp_leaves_the_backward_reduce_scatters_exposed():
+    """Async TP hides async_tp_exposed of the collectives torch's micro-pipeline pass fuses; the backward's two
+    reduce-scatters per block (of summed input gradients) it cannot fuse stay exposed like vanilla TP's."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import Rates, async_tp_unfused, tp_comm
+
+    argv = [*H100, "--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=2",
+            "--parallelism.tensor_parallel_degree=8", "--estimate.num_devices=8", "--estimate.async_tp=true"]  # fmt: skip
+    plan = build_plan(parse_args(argv))
+    r, tokens = Rates(plan), plan.tokens_per_pass
+    modes = ["op"] * 4
+    total, unfused = tp_comm(plan, r, tokens, modes, False, False), async_tp_unfused(plan, r, tokens, modes)
+    # per block: 2 + 2 forward, 2 + 2 backward, 2 recomputed all-gathers of equal size; 2 are unfused
+    assert unfused == pytest.approx(total * 2 / 10, rel=0.05) and unfused > 0
+    out = estimate_training(parse_args(argv))
+    vanilla = estimate_training(parse_args(argv[:-1]))
+    assert (
+        out["step_time_breakdown_s"]["tp_comm_exposed"] < vanilla["step_time_breakdown_s"]["tp_comm_exposed"]
+    )
+
+
+def test_ring_attention_is_priced_by_the_kernels_torch_runs():
+    """Under CP, torch's load-balanced ring attention runs one causal kernel (seq / cp) and cp - 1 unmasked ones
+    (seq / cp x seq / (2 cp)), each 1 / cp of the rank's attention FLOPs; without CP one causal kernel."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import Rates, block_pass, ring_attention_kernels
+
+    assert ring_attention_kernels(1, 8192) == [(1.0, 8192, True)]
+    kernels = ring_attention_kernels(4, 32768)
+    assert kernels == [(0.25, 32768, True), (0.75, 16384, False)]
+    assert sum(share for share, _, _ in kernels) == 1.0
+    plan = build_plan(parse_args([*H100, "--model.flavor=8B", "--training.seq_len=131072",
+                                  "--training.local_batch_size=1", "--parallelism.context_parallel_degree=4",
+                                  "--estimate.num_devices=8"]))  # fmt: skip
+    r = Rates(plan)
+    tokens = plan.tokens_per_pass
+    flops = 4 * tokens * (plan.seq_len / 2) * plan.shape.h
+    expected = sum(
+        share * (flops / r.attention(n, False, causal) + 2.5 * flops / r.attention(n, True, causal))
+        for share, n, causal in kernels
+    )
+    got = block_pass(plan, r, "none", tokens).attention
+    assert got == pytest.approx(expected)
+    all_causal = flops / r.attention(32768, False) + 2.5 * flops / r.attention(32768, True)
+    assert got < all_causal  # unmasked FA2 sustains more than causal (370 vs 335 TFLOPS at 16K on H100)
+
+
 def test_activation_formulas_per_mode():
     for tp, sp in ((1, False), (8, True)):
         s = BlockShape(

@@ -418,6 +418,12 @@ class Estimate:
         " square, mean, rsqrt, scale, downcast, weight as separate kernels: torch before 2.9, for runs on older"
         " software); CPU is always composite",
     )
+    pp_outputs: Literal["released", "kept"] = opt(
+        "released",
+        "the last pipeline stage's per-micro-batch outputs: released (this trainer: step(return_outputs=False) on"
+        " torch >= 2.10) or kept until step() returns them merged (torch before pytorch/pytorch#165822, Oct 2025,"
+        " for runs on older software)",
+    )
     peak_tflops: float | None = opt(
         None, "override the device's dense BF16 peak TFLOPS (e.g. a power-capped part)"
     )

@@ -51,6 +51,55 @@ def in_flight_passes(plan: Plan, rank: int) -> float:
     return float(min(m * v, (v - 1) * p + 2 * (p - 1 - rank) + 1))
 
 
+def in_flight_by_stage(plan: Plan, rank: int) -> list[float]:
+    """The rank's in-flight passes (`in_flight_passes`) split over its stages, in stage order: torch's interleaved
+    schedules run the warm-up forwards in rounds of pp micro-batches per local stage, cycling over the stages."""
+    w = in_flight_passes(plan, rank)
+    stages = plan.pp_plan.stages_of_rank(rank)
+    if len(stages) == 1:
+        return [w]
+    counts = [0.0] * len(stages)
+    for i in range(int(w)):
+        counts[(i // plan.pp) % len(stages)] += 1
+    return counts
+
+
+def pipeline_buffer_bytes(plan: Plan, rank: int) -> float:
+    """Bytes of a pipeline rank's stage-boundary tensors beyond the saved activations (torch 2.13,
+    torch/distributed/pipelining/stage.py, `PipelineStage`): every non-first stage allocates one receive buffer per
+    micro-batch (`_setup_forward_recv_info`: m buffers, kept across steps), which the received pass uses as its
+    input (`_retrieve_recv_activations`: `info.buffer.requires_grad_()`, so the in-flight passes' first-block
+    inputs, already counted, are those buffers); every non-last stage allocates one gradient receive buffer per
+    micro-batch (`_create_grad_recv_info`) and keeps each in-flight pass's output in `fwd_cache` until its backward
+    (the last block's output, which no checkpoint of the stage saves). Each is one micro-batch's residual stream:
+    tokens per pass x d_s (d / tp under sequence parallel) x the activation bytes."""
+    if plan.pp_plan is None:
+        return 0.0
+    m, last = plan.n_microbatches, plan.pp_plan.num_stages - 1
+    boundary = plan.tokens_per_pass * plan.shape.d_s * plan.act_bytes
+    n = 0.0
+    for stage, flying in zip(plan.pp_plan.stages_of_rank(rank), in_flight_by_stage(plan, rank)):
+        if stage > 0:
+            n += max(0.0, m - flying)  # receive buffers not holding an in-flight pass's input
+        if stage < last:
+            n += m + flying  # gradient receive buffers + outputs of the passes in flight
+    return n * boundary
+
+
+def kept_stage_outputs(plan: Plan) -> int:
+    """Outputs (logits, the model's activation dtype) of earlier micro-batches the last pipeline stage still holds at
+    its peak. torch's pipelining appended every micro-batch's last-stage output to `output_chunks` and `step()`
+    returned them merged (torch/distributed/pipelining/stage.py `forward_one_chunk`, schedules.py `step`), so they
+    lived until the step ended; pytorch/pytorch#165822 (Oct 2025) added `step(return_outputs=False)`, which this
+    trainer passes (torchtitan adopted it in e5ef99aab, "Update PP to release memory earlier"). With outputs kept,
+    all m are alive at the last micro-batch's backward on the last stage, while the rank holds as many passes in
+    flight as at its peak (1F1B: that one pass; interleaved: its earlier stages' chunks wait for their backward
+    until the last stage's are done); with outputs released, nothing beyond the loss buffers."""
+    if plan.pp_plan is None or plan.cfg.estimate.pp_outputs != "kept":
+        return 0
+    return plan.n_microbatches
+
+
 def gather_bytes(plan: Plan, linear_share_fp8: float) -> float:
     """Bytes per parameter of a gathered block: float8 all-gather moves the converted weights as 1 byte."""
     b = plan.act_bytes
@@ -149,6 +198,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     if has_head:
         acts += tokens * plan.args.dim * plan.act_bytes
     acts += max(backward_working_set_per_token(m, s, plan.compile_model) for m in set(modes)) * tokens
+    acts += pipeline_buffer_bytes(plan, rank)
 
     # ---- logits and loss: fp32 upcast of [tokens, vocab] and its gradient (eager), or bf16 in and out (compiled)
     logits = 0.0
@@ -156,6 +206,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         vocab = plan.args.vocab_size / plan.tp if plan.loss_parallel else plan.args.vocab_size
         per_logit = 2 * plan.act_bytes if plan.compile_loss else 3 * 4
         logits = tokens * vocab * per_logit
+        logits += kept_stage_outputs(plan) * tokens * vocab * plan.act_bytes
 
     # ---- FSDP: gathered copies and unsharded gradients ----
     gb = gather_bytes(plan, fp8_param_share(plan))

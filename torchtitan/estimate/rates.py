@@ -262,10 +262,15 @@ FA2_H100_FWD = (309.0, 350.0, 362.0, 368.0, 370.0, 370.0)  # non-causal
 FA2_H100_BWD = (214.0, 260.0, 291.0, 310.0, 318.0, 322.0)  # non-causal (the paper's backward figure)
 # Causal backward is not plotted: it is taken as the non-causal backward x the forward's causal/non-causal ratio at
 # the same length (the same masking of the diagonal blocks slows both).
-# A100: FlashAttention-2 paper (Dao 2023, arXiv 2307.08691) abstract: forward "50-73% of the theoretical maximum
-# FLOPs/s on A100"; the H100 curve's shape is kept and scaled so that its 16K plateau is 73 % of 312 forward, the
-# backward keeping H100's backward/forward plateau ratio (322/370).
-FA2_A100_FWD_PLATEAU = 0.73
+# A100: FlashAttention-2's own A100 benchmark, forward + backward TFLOPS by sequence length, A100 80GB SXM4, head dim
+# 128, causal, hidden 2048, batch x seq = 16K tokens (Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png,
+# committed with the FlashAttention-2 release, 4f285b35, 2023-07-17; panel (d), the figure of the FA2 paper, arXiv
+# 2307.08691, section 4.1). The benchmark counts fwd + bwd as 3.5x the forward FLOPs, as the estimator does. Only the
+# sum is published for A100, so the split into forward and backward keeps the H100 curves' ratio at each length: at
+# every length the A100 curves are the H100 ones scaled by (this figure / the H100 curves' own fwd + bwd). Check: the
+# scaled non-causal forward at 16K is 0.74 of 312, the paper's "up to 73% of the theoretical max throughput in the
+# forward pass" (and the backward 0.64, its "up to 63%" in the backward pass).
+FA2_A100_FWDBWD_CAUSAL = (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)
 # MI300X: FlashAttention-2 on ROCm (Composable Kernel), MI300X, ROCm 6.3.2, bf16, head dim 128, non-causal, one
 # sequence of 16384 (ROCm/flash-attention#142, 2025-05-18, its benchmark_flash_attention.py): forward 353.22,
 # backward 194.43 TFLOPS, i.e. 0.27 and 0.15 of the 1307 TFLOPS peak where the H100's FA2 sustains 0.37 and 0.33 of
@@ -291,17 +296,24 @@ def _interp(seq: float, ys: tuple[float, ...]) -> float:
     return ys[-1]
 
 
+def _h100_tflops(seq: float, backward: bool, causal: bool) -> float:
+    fwd_c = _interp(seq, FA2_H100_FWD_CAUSAL)
+    if backward:
+        return _interp(seq, FA2_H100_BWD) * (fwd_c / _interp(seq, FA2_H100_FWD) if causal else 1.0)
+    return fwd_c if causal else _interp(seq, FA2_H100_FWD)
+
+
+def fwd_bwd_tflops(tflops_at, seq: float) -> float:
+    """Forward + backward TFLOPS as FlashAttention's benchmarks count it: 3.5 forward FLOPs over both times."""
+    return 3.5 / (1.0 / tflops_at(seq, False) + 2.5 / tflops_at(seq, True))
+
+
 def attention_fraction(device: str, seq: float, backward: bool, causal: bool = True) -> float:
     """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length."""
-    fwd_c = _interp(seq, FA2_H100_FWD_CAUSAL)
-    fwd_n = _interp(seq, FA2_H100_FWD)
-    if backward:
-        tflops = _interp(seq, FA2_H100_BWD) * (fwd_c / fwd_n if causal else 1.0)
-    else:
-        tflops = fwd_c if causal else fwd_n
-    frac = tflops / 989.0
+    frac = _h100_tflops(seq, backward, causal) / 989.0
     if device in ("A100", "A100 40GB"):
-        frac *= FA2_A100_FWD_PLATEAU / (FA2_H100_FWD[-1] / 989.0)
+        h100 = fwd_bwd_tflops(lambda x, b: _h100_tflops(x, b, True), seq)
+        frac *= (_interp(seq, FA2_A100_FWDBWD_CAUSAL) / h100) * (989.0 / 312.0)
     elif device == "MI300X":
         if backward:
             frac *= (FA2_MI300X_BWD_16K / MI300X_PEAK) / (FA2_H100_BWD[-1] / 989.0)

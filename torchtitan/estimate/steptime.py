@@ -114,13 +114,14 @@ class Rates:
                 rate *= rates.ROWWISE_FWD_RATE
         return max(flops / rate, moved / self.hbm) + extra
 
-    def attention(self, seq: float, backward: bool) -> float:
-        """FLOP/s of flash attention (causal) at this per-rank sequence length."""
+    def attention(self, seq: float, backward: bool, causal: bool = True) -> float:
+        """FLOP/s of flash attention at this per-rank sequence length (causal, or without a mask)."""
         if self.attn_measured is not None:
             return self.attn_measured
         if self.cpu_peak is not None:
             return self.cpu_peak
-        return self.hw.bf16_tflops * 1e12 * rates.attention_fraction(self.hw.name, seq, backward) * self.power
+        frac = rates.attention_fraction(self.hw.name, seq, backward, causal)
+        return self.hw.bf16_tflops * 1e12 * frac * self.power
 
 
 def _local(lin: Linear, tp: int) -> tuple[int, int]:
@@ -168,14 +169,65 @@ def elementwise_bytes(plan: Plan) -> tuple[float, float]:
     return fwd, bwd
 
 
+FLOAT8_TP_GROUPS = {
+    "wq": "attn",
+    "wk": "attn",
+    "wv": "attn",
+    "w1": "ffn",
+    "w3": "ffn",
+    "wo": "wo",
+    "w2": "w2",
+}
+
+
+def float8_tp_precast(plan: Plan) -> dict[str, bool]:
+    """Which tensors torchao's float8 TP styles cast to float8 once, before their collective, instead of in each
+    consuming Float8Linear: "attn" / "ffn", the input of wq, wk, wv / w1, w3 (PrepareFloat8ModuleInput), and "wo" /
+    "w2", the gradient of that linear's output (Float8RowwiseParallel's NoopFwToFloat8BwDynamic). The trainer's TP
+    plan uses them exactly where those collectives carry 1 byte (`sp_all_gather_bytes`), on GPUs under TP."""
+    if plan.tp == 1:
+        return dict.fromkeys(("attn", "ffn", "wo", "w2"), False)
+    attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
+    return {"attn": attn_in == 1, "ffn": ffn_in == 1, "wo": wo_grad == 1, "w2": w2_grad == 1}
+
+
 def _float8_cast_bytes(plan: Plan, lin: Linear) -> tuple[float, float, float]:
     """(forward per token, backward per token, per pass per weight) bytes of torchao's dynamic float8 scaling for a
     converted linear: amax + cast of the input (fwd) and of the output gradient (bwd), the input re-cast and both
-    transposed for the weight gradient, the weight cast and transpose once per pass (fused by compile)."""
+    transposed for the weight gradient, the weight cast and transpose once per pass (fused by compile).
+
+    Under torchao's float8 TP styles (`float8_tp_precast`) a Float8Linear whose input, or output gradient, arrives
+    already in float8 skips that cast (torchao float8/float8_linear.py, `matmul_with_hp_or_float8_args`:
+    `tensor_already_casted_to_fp8`) and uses the tensor for the weight gradient too, which torch._scaled_mm then
+    needs transposed (one read and one write per element); the one shared cast is `float8_tp_shared_cast_bytes`."""
     k, n = _local(lin, plan.tp)
-    if plan.compile_model:
-        return 3 * k, 3 * k + 5 * n, 2.0 if plan.float8_all_gather else 7.0
-    return 5 * k, 5 * k + 7 * n, 2.0 if plan.float8_all_gather else 7.0
+    c_in, c_grad = (3, 5) if plan.compile_model else (5, 7)
+    weight = 2.0 if plan.float8_all_gather else 7.0
+    pre = float8_tp_precast(plan)
+    group = FLOAT8_TP_GROUPS.get(lin.name, "")
+    if lin.colwise and pre.get(group, False):
+        return 0.0, 2 * k + c_grad * n, weight
+    if not lin.colwise and pre.get(group, False):
+        return c_in * k, c_in * k + 2 * n, weight
+    return c_in * k, c_in * k + c_grad * n, weight
+
+
+def float8_tp_shared_cast_bytes(plan: Plan, recomputed: set[str]) -> tuple[float, float, float]:
+    """(forward, backward, recompute) bytes per token of the float8 casts torchao's TP styles do once per group,
+    before the collective: on the sequence-sharded tensor under sequence parallel (1/tp of the tokens), an input
+    cast (amax + cast) per pre-cast input, a gradient cast per pre-cast output gradient; the recompute repeats an
+    input's cast when it repeats one of its consumers."""
+    pre = float8_tp_precast(plan)
+    share = plan.args.dim / plan.tp if plan.sequence_parallel else plan.args.dim
+    c_in = 3 if plan.compile_model else 5
+    fwd = c_in * share * (pre["attn"] + pre["ffn"])
+    bwd = c_in * share * (pre["wo"] + pre["w2"])
+    rec = (
+        c_in
+        * share
+        * sum(pre[g] and any(FLOAT8_TP_GROUPS[name] == g for name in recomputed) for g in ("attn", "ffn"))
+    )
+    return fwd, bwd, rec
 
 
 def rowwise_measured(plan: Plan, r: Rates) -> bool:
@@ -222,11 +274,19 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
         p.fwd += f + t_f
         if lin.name in rec_mm:
             p.recompute += f + t_f
+    if plan.float8:
+        c_f, c_b, c_r = float8_tp_shared_cast_bytes(plan, set(rec_mm))
+        p.float8_casts += (c_f + c_b) * tokens / r.hbm
+        p.fwd += c_f * tokens / r.hbm
+        p.recompute += c_r * tokens / r.hbm
     # flash attention: queries of this rank x (seq_len / 2) keys on average (causal, load-balanced under CP)
     attn_fwd_flops = 4 * tokens * (plan.seq_len / 2) * s.h
-    seq = plan.seq_len / plan.cp  # each ring step attends one rank's block of queries to one block of keys
-    t_af = attn_fwd_flops / r.attention(seq, backward=False)
-    t_ab = 2.5 * attn_fwd_flops / r.attention(seq, backward=True)  # 5 matmuls backward vs 2 forward
+    seq = plan.seq_len / plan.cp  # the rank's queries (two load-balanced chunks under CP)
+    attn_bwd_flops = 2.5 * attn_fwd_flops  # 5 matmuls backward (scores recomputed) vs 2 forward
+    t_af = t_ab = 0.0
+    for share, length, causal in ring_attention_kernels(plan.cp, seq):
+        t_af += share * attn_fwd_flops / r.attention(length, backward=False, causal=causal)
+        t_ab += share * attn_bwd_flops / r.attention(length, backward=True, causal=causal)
     p.attention = t_af + t_ab
     p.fwd += t_af
     if recomputes_attention(mode):
@@ -242,7 +302,58 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     p.fwd += t_ef
     if recomputes_elementwise(mode):
         p.recompute += t_ef
+    c_f, c_b, c_r = sp_layout_copy_bytes(plan, mode)
+    t_cf, t_cb, t_cr = (c * tokens / r.hbm for c in (c_f, c_b, c_r))
+    p.elementwise += t_cf + t_cb
+    p.fwd += t_cf
+    p.recompute += t_cr
     return p
+
+
+def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
+    """(forward, backward, recompute) bytes per token of the layout copies around a block's sequence-parallel
+    collectives (measured in Inductor's code for a compiled sequence-parallel block by scripts/sp_layout_copies.py;
+    docs/estimate.md, "sequence-parallel layout copies").
+
+    The residual stream is [batch, seq / tp, d] and sequence parallelism shards dim 1, while NCCL gathers and
+    scatters along dim 0: torch's functional collectives (torch/distributed/_functional_collectives.py) re-lay the
+    all-gather's [tp x batch, seq / tp, d] output into [batch, seq, d] (`_maybe_view_chunk_cat`: a view only when
+    the local batch is 1) and the reduce-scatter's [batch, seq, d] input into tp chunks along dim 0
+    (`_chunk_or_narrow_cat`: always a copy). Inductor keeps both as copy kernels (`cat_split`). Each reads and
+    writes the gathered tensor, tokens x d elements at the collective's element size. torch's async TP replaces
+    the collectives it fuses with all-gather-matmul / matmul-reduce-scatter ops that take shards in place (the
+    micro-pipeline pass restrides their operands: torch/distributed/_symmetric_memory, "no extra copy is
+    required"), so there only the backward's unfused reduce-scatters copy."""
+    if plan.tp == 1 or not plan.sequence_parallel:
+        return 0.0, 0.0, 0.0
+    d, b = plan.args.dim, plan.act_bytes
+    if plan.async_tp:
+        # only the backward's two reduce-scatters, which async TP leaves unfused (`async_tp_unfused`), copy
+        return 0.0, 2 * d * 2 * b, 0.0
+    attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
+    gather_copies = plan.microbatch_seqs > 1  # all-gather output re-laid only when the local batch is > 1
+    ag_f = (attn_in + ffn_in) if gather_copies else 0
+    ag_b = (wo_grad + w2_grad) if gather_copies else 0
+    fwd = 2 * d * (ag_f + 2 * b)  # 2 all-gathers + 2 reduce-scatters, each read + written
+    bwd = 2 * d * (ag_b + 2 * b)
+    n = tp_collectives_recomputed(mode)
+    rec = 2 * d * ((ag_f if n >= 2 else 0) + max(0, n - 2) * b)
+    return fwd, bwd, rec
+
+
+def ring_attention_kernels(cp: int, seq: float) -> list[tuple[float, float, bool]]:
+    """(share of the rank's attention FLOPs, sequence length, causal) of each flash-attention kernel a rank runs.
+
+    Without CP: one causal kernel over the sequence. Under CP, torch's ring attention with round-robin load
+    balancing (torch/distributed/tensor/experimental/_context_parallel/_attention.py, `_templated_ring_attention`:
+    each rank holds two chunks of seq / (2 cp) tokens) runs cp kernels per pass: step 0 the rank's queries against
+    its own keys, causal, over seq / cp; every later step without a mask, either all its queries against the first
+    half of the arriving keys or the second half of its queries against all of them, seq / cp x seq / (2 cp). Every
+    step does the same FLOPs (the causal L x L half equals L x L/2), so each has 1 / cp of them; the unmasked ones
+    are priced at the non-causal rate of their shorter side, seq / (2 cp)."""
+    if cp == 1:
+        return [(1.0, seq, True)]
+    return [(1.0 / cp, seq, True), ((cp - 1) / cp, seq / 2, False)]
 
 
 def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
@@ -371,6 +482,18 @@ def sp_all_gather_bytes(plan: Plan) -> tuple[int, int, int, int]:
     return size("wq", "wk", "wv"), size("w1", "w3"), size("wo"), size("w2")
 
 
+def async_tp_unfused(plan: Plan, r: Rates, tokens: float, modes: list[str]) -> float:
+    """Seconds of the TP collectives of one pass that torch's async TP leaves as plain collectives: the backward's
+    reduce-scatters. Its micro-pipeline pass (torch/_inductor/fx_passes/micro_pipeline_tp.py) fuses a
+    reduce-scatter only when its input is one matmul's output; in the backward graph each reduce-scatter takes the
+    sum of the input gradients of wq + wk + wv (w1 + w3), "so it's not what we are looking to fuse"
+    (pytorch/pytorch#149946, its author on why the pass no longer asserts a fusion per graph)."""
+    if plan.tp == 1 or not plan.sequence_parallel:
+        return 0.0
+    rs = _ring(plan, r, tokens * plan.args.dim * plan.act_bytes, plan.tp, 1, "reduce_scatter")
+    return 2 * rs * len(modes)
+
+
 def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
     """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
     t = plan.tp
@@ -460,7 +583,12 @@ def training_step_time(plan: Plan) -> dict:
         attention = sum(u.attention for u in units)
         fsdp_exposed = fsdp_units(plan, r, rank, [(u.fwd, u.total - u.fwd) for u in units])
         tp = tp_comm(plan, r, tokens, modes, has_emb, has_head)
-        tp *= plan.eff.async_tp_exposed if plan.async_tp else plan.eff.tp_exposed
+        if plan.async_tp:
+            # the collectives torch's micro-pipeline pass fuses, and the backward reduce-scatters it cannot
+            unfused = async_tp_unfused(plan, r, tokens, modes)
+            tp = plan.eff.async_tp_exposed * (tp - unfused) + plan.eff.tp_exposed * unfused
+        else:
+            tp *= plan.eff.tp_exposed
         cp = cp_comm(plan, r, tokens, modes, attention)
         detail = {
             "matmul": sum(u.matmul for u in units),
