@@ -418,6 +418,12 @@ class Estimate:
         " square, mean, rsqrt, scale, downcast, weight as separate kernels: torch before 2.9, for runs on older"
         " software); CPU is always composite",
     )
+    sac_saves_attention: bool = opt(
+        True,
+        "selective op AC keeps SDPA's output (this trainer's save list names every SDPA backend); false: attention"
+        " is recomputed in backward, as torchtitan before its PR #2095 (2025-12) did with cuDNN attention, which it"
+        " put first on B200 (PR #1196): for runs on that software",
+    )
     peak_tflops: float | None = opt(
         None, "override the device's dense BF16 peak TFLOPS (e.g. a power-capped part)"
     )
