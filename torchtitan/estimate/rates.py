@@ -12,8 +12,8 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             with compiled blocks a rowwise linear is priced as a whole by torchao's measured speedup table over bf16
             (ROWWISE_SPEEDUP, by forward M, K, N).
   attention FlashAttention-2 (torch SDPA's flash backend) forward and backward TFLOPS by sequence length, head
-            dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus);
-            the same power factor.
+            dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus;
+            B200: torch SDPA's cuDNN backend, measured on a B200); the same power factor.
 """
 
 from __future__ import annotations
