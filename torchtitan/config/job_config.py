@@ -424,6 +424,12 @@ class Estimate:
         " torch >= 2.10) or kept until step() returns them merged (torch before pytorch/pytorch#165822, Oct 2025,"
         " for runs on older software)",
     )
+    sac_saves_attention: bool = opt(
+        True,
+        "selective op AC keeps SDPA's output (this trainer's save list names every SDPA backend); false: attention"
+        " is recomputed in backward, as torchtitan before its PR #2095 (2025-12) did with cuDNN attention, which it"
+        " put first on B200 (PR #1196): for runs on that software",
+    )
     peak_tflops: float | None = opt(
         None, "override the device's dense BF16 peak TFLOPS (e.g. a power-capped part)"
     )

@@ -12,6 +12,8 @@ The modes, as this framework applies them (torchtitan/parallel/activation_checkp
   op         selective per-op: the outputs of every SECOND matmul in execution order (wq, wv, w1, w2 of
              wq wk wv wo w1 w3 w2 -- torchtitan's policy), attention (output + logsumexp) and, under tensor
              parallel with sequence parallel, the reduce-scatter outputs are kept; everything else is recomputed.
+             (--estimate.sac_saves_attention=false: attention is not kept but recomputed, as torchtitan's save list
+             before its PR #2095 of 2025-12 did for cuDNN attention, `_scaled_dot_product_cudnn_attention`.)
   N (digits) every N-th block fully checkpointed, the others as `none`.
 Attention is SDPA flash: it keeps q, k, v, its output and the row logsumexp (fp32), never the S x S scores; K/V
 are kept at n_kv_heads width (native grouped-query attention, issue 10). RMSNorm is torch's fused kernel on CUDA
@@ -40,6 +42,8 @@ class BlockShape:
     act_bytes: int = BF16  # 4 for an fp32 run
     # torch.rms_norm has a fused kernel on CUDA; elsewhere it is composite (fp32 upcast)
     fused_norm: bool = True
+    # selective "op" keeps the attention output (false: the SDPA op is not in the save list and is recomputed)
+    op_saves_attention: bool = True
 
     @property
     def d_s(self) -> float:
@@ -55,7 +59,8 @@ def saved_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
     if mode == "op":
         kept = s.d_s  # block input (checkpoint input)
         kept += s.h + s.kv  # wq and wv outputs (1st and 3rd matmul)
-        kept += s.h + lse  # attention output + logsumexp
+        if s.op_saves_attention:
+            kept += s.h + lse  # attention output + logsumexp
         kept += s.f  # w1 output (5th)
         kept += s.d  # w2 output (7th): a full-width partial sum under TP
         if s.tp > 1 and s.sequence_parallel:
@@ -97,8 +102,10 @@ def recomputed_matmuls(mode: str) -> tuple[str, ...]:
     return ()
 
 
-def recomputes_attention(mode: str) -> bool:
-    return mode == "full"  # "op" keeps the attention output
+def recomputes_attention(mode: str, op_saves_attention: bool = True) -> bool:
+    """Whether backward re-runs the attention forward: "full" always; "op" keeps the attention output unless its
+    SDPA op is missing from the save list (torchtitan before PR #2095 with the cuDNN backend)."""
+    return mode == "full" or (mode == "op" and not op_saves_attention)
 
 
 def recomputes_elementwise(mode: str) -> bool:

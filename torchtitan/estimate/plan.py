@@ -271,6 +271,7 @@ class Plan:
             sequence_parallel=self.sequence_parallel,
             act_bytes=self.act_bytes,
             fused_norm=not self.hw.is_cpu and self.cfg.estimate.eager_rms_norm == "fused",
+            op_saves_attention=self.cfg.estimate.sac_saves_attention,
         )
 
     @property

@@ -12,8 +12,8 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             with compiled blocks a rowwise linear is priced as a whole by torchao's measured speedup table over bf16
             (ROWWISE_SPEEDUP, by forward M, K, N).
   attention FlashAttention-2 (torch SDPA's flash backend) forward and backward TFLOPS by sequence length, head
-            dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus);
-            the same power factor.
+            dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus;
+            B200: torch SDPA's cuDNN backend, measured on a B200); the same power factor.
 """
 
 from __future__ import annotations
@@ -103,6 +103,19 @@ def _with_fp8_at(device: str, tflops: float, m: int, n: int, k: int) -> None:
 
 
 _with_fp8_at("MI300X", MI300X_FP8_8192, 8192, 8192, 8192)
+
+# B200 bf16 at training shapes: the MAMF (1745 at 1792x16128x3072, torch 2.7.1+cu128) is the best of a shape search,
+# and on the B200 ordinary large shapes do not reach it: torchao's bench_matmul.py on an NVIDIA B200 (pytorch/ao
+# PR #2427, 2025-06-23) measured torch.mm bf16 at 1410 (4096^3), 1450 (6144^3) and 1420 TFLOPS (8192^3), and vLLM's
+# bench_fp8_gemm.py on a B200 (vllm-project/vllm PR #19566, 2025-06) measured torch's bf16 GEMM at Llama-3.1-8B's
+# shapes at 1444 (M 2048, N 4096, K 4096) and 1513 TFLOPS (M 16384, N 6144, K 4096): 0.81-0.87 of the MAMF. So the
+# B200's bf16 rate is referred to the 8192^3 measurement (cuBLAS of CUDA 12.8, the software of the torch 2.8/2.9
+# builds of mid-2025); the power limit it ran at is not stated and is taken as the part's 1000 W. FP8 keeps the MAMF
+# figure: no B200 torch._scaled_mm tensorwise measurement at a training shape of that software was found.
+# (8192^3's shape factor is above the MAMF shape's, and gemm_efficiency caps the relative factor at 1, so the
+# figure becomes the rate at the reference shape and at every shape the tiling model puts at or above it.)
+B200_BF16_8192 = 1420.0
+GEMM_SOURCES["B200"] = dataclasses.replace(GEMM_SOURCES["B200"], bf16_tflops=B200_BF16_8192)
 
 
 def power_exponent() -> float:
@@ -308,8 +321,43 @@ def fwd_bwd_tflops(tflops_at, seq: float) -> float:
     return 3.5 / (1.0 / tflops_at(seq, False) + 2.5 / tflops_at(seq, True))
 
 
+# B200: torch's SDPA on sm100 runs cuDNN attention, not FlashAttention-2 (whose mma.sync kernels sustain on a B200
+# about what they do on an H100: 376 forward / 309 backward TFLOPS at 8K in the measurement below). torchtitan puts
+# SDPBackend.CUDNN_ATTENTION first when has_cuda_capability(10, 0) (pytorch/torchtitan PR #1196, 2025-05-14;
+# torchtitan/models/attention.py at 6fc499f), and torch prefers cuDNN on sm90/sm100 once its bundled cuDNN is newer
+# than 9.15 (sdp_utils.cpp `check_prefer_cudnn_attention`, pytorch/pytorch PR #162073), so this trainer gets it too.
+# Measured: NVIDIA/cudnn-frontend f937055 (2025-06-12), benchmark/sdpa_benchmark_bf16_training/artifacts/
+# sdpa_benchmark_results_NVIDIA_B200.csv: one B200 (free clock), torch 2.8.0a0 nv25.05, CUDA 12.9, cuDNN 9.10.2,
+# torch SDPA with the cuDNN backend (`pyt_cudnn`), bf16, head dim 128, causal, batch 1, 128 query / 8 KV heads,
+# TFLOPS on the causal-halved FLOPs (backward 2.5x the forward's), as the estimator counts them. Its 128 heads give a
+# call 4x the work of Llama 3 8B's 32 heads at the same length (at 8K the optimistic reading), and batch 1 leaves
+# short sequences launch-bound (there it reads low). Non-causal attention is priced at these causal rates (no
+# non-causal figure was published).
+B200_ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+B200_CUDNN_FWD = (66.28, 216.11, 525.475, 897.309, 1211.14, 1358.566, 1435.072, 1428.973, 1348.674)
+B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387, 1074.456, 1037.897)
+B200_PEAK = 2250.0
+
+
+def _interp_on(seq: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
+    """Log2-linear interpolation of a measured curve: proportional to the work below its first point, flat above
+    its last."""
+    if seq <= xs[0]:
+        return ys[0] * max(seq, 1.0) / xs[0]
+    if seq >= xs[-1]:
+        return ys[-1]
+    x = math.log2(seq)
+    for i in range(len(xs) - 1):
+        lo, hi = math.log2(xs[i]), math.log2(xs[i + 1])
+        if lo <= x <= hi:
+            return ys[i] + (x - lo) / (hi - lo) * (ys[i + 1] - ys[i])
+    return ys[-1]
+
+
 def attention_fraction(device: str, seq: float, backward: bool, causal: bool = True) -> float:
     """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length."""
+    if device == "B200":  # cuDNN attention (above), measured causal
+        return _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD) / B200_PEAK
     frac = _h100_tflops(seq, backward, causal) / 989.0
     if device in ("A100", "A100 40GB"):
         h100 = fwd_bwd_tflops(lambda x, b: _h100_tflops(x, b, True), seq)

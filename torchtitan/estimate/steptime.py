@@ -289,7 +289,7 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
         t_ab += share * attn_bwd_flops / r.attention(length, backward=True, causal=causal)
     p.attention = t_af + t_ab
     p.fwd += t_af
-    if recomputes_attention(mode):
+    if recomputes_attention(mode, s.op_saves_attention):
         p.recompute += t_af
     ew_f, ew_b = elementwise_bytes(plan)
     if plan.cp > 1:
@@ -535,7 +535,7 @@ def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: 
     total = 0.0
     for m in modes:
         # forward all-gather; backward gather + reduce-scatter of dK/dV; recompute gathers again
-        n = 1 + 2 + (1 if recomputes_attention(m) else 0)
+        n = 1 + 2 + (1 if recomputes_attention(m, plan.shape.op_saves_attention) else 0)
         total += n * per_coll
     if plan.cfg.parallelism.context_parallel_rotate_method == "alltoall":
         return max(0.0, total - attention_s)  # ring passes overlap the per-step attention
