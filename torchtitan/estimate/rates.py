@@ -295,18 +295,24 @@ FA2_MI300X_BWD_16K = 194.43
 MI300X_PEAK = 1307.0
 
 
-def _interp(seq: float, ys: tuple[float, ...]) -> float:
-    xs = [math.log2(s) for s in FA_SEQ]
-    x = math.log2(max(seq, 1.0))
-    if x <= xs[0]:
-        return ys[0] * seq / FA_SEQ[0]  # short sequences: launch- and tail-bound, proportional to the work
-    if x >= xs[-1]:
+def _interp_on(seq: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
+    """Log2-linear interpolation of a measured curve ys over sequence lengths xs: proportional to the work below its
+    first point (short sequences are launch- and tail-bound), flat above its last."""
+    if seq <= xs[0]:
+        return ys[0] * max(seq, 1.0) / xs[0]
+    if seq >= xs[-1]:
         return ys[-1]
+    x = math.log2(seq)
     for i in range(len(xs) - 1):
-        if xs[i] <= x <= xs[i + 1]:
-            t = (x - xs[i]) / (xs[i + 1] - xs[i])
-            return ys[i] + t * (ys[i + 1] - ys[i])
+        lo, hi = math.log2(xs[i]), math.log2(xs[i + 1])
+        if lo <= x <= hi:
+            return ys[i] + (x - lo) / (hi - lo) * (ys[i + 1] - ys[i])
     return ys[-1]
+
+
+def _interp(seq: float, ys: tuple[float, ...]) -> float:
+    """A FlashAttention curve (over FA_SEQ) at this sequence length."""
+    return _interp_on(seq, FA_SEQ, ys)
 
 
 def _h100_tflops(seq: float, backward: bool, causal: bool) -> float:
@@ -337,21 +343,6 @@ B200_ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 B200_CUDNN_FWD = (66.28, 216.11, 525.475, 897.309, 1211.14, 1358.566, 1435.072, 1428.973, 1348.674)
 B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387, 1074.456, 1037.897)
 B200_PEAK = 2250.0
-
-
-def _interp_on(seq: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
-    """Log2-linear interpolation of a measured curve: proportional to the work below its first point, flat above
-    its last."""
-    if seq <= xs[0]:
-        return ys[0] * max(seq, 1.0) / xs[0]
-    if seq >= xs[-1]:
-        return ys[-1]
-    x = math.log2(seq)
-    for i in range(len(xs) - 1):
-        lo, hi = math.log2(xs[i]), math.log2(xs[i + 1])
-        if lo <= x <= hi:
-            return ys[i] + (x - lo) / (hi - lo) * (ys[i + 1] - ys[i])
-    return ys[-1]
 
 
 def attention_fraction(device: str, seq: float, backward: bool, causal: bool = True) -> float:
