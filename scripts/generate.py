@@ -23,6 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from torchtitan import gc_policy  # noqa: E402
+
+gc_policy.pause()  # before torch's imports, until the model is loaded (torchtitan/gc_policy.py)
+
 import torch  # noqa: E402
 
 from torchtitan.config import help_text, parse_args, validate  # noqa: E402
@@ -107,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{', ' + a.quantize if a.quantize else ''}, {device_name(device)}"
             f"{f', tensor parallel {loaded.world_size}' if loaded.world_size > 1 else ''}"
         )
+        gc_policy.resume(automatic=True)
         if a.benchmark:
             settings = {
                 "checkpoint": loaded.source,

@@ -24,6 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from torchtitan import gc_policy  # noqa: E402
+
+gc_policy.pause()  # before torch's imports, until the configuration is read (torchtitan/gc_policy.py)
+
 import torch.distributed as dist  # noqa: E402
 
 from torchtitan.config import parse_args, validate  # noqa: E402
@@ -47,6 +51,7 @@ def main(argv=None) -> int:
     try:
         cfg = parse_args(rest)
         validate(cfg)
+        gc_policy.resume(automatic=True)
         result, step = evaluate_checkpoint(cfg, a.checkpoint)
         m = validation_metrics(result.loss_sum, result.tokens)
         if dist.get_rank() == 0:

@@ -19,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from torchtitan import gc_policy
 from torchtitan.build import build_metrics, build_run, initialize_weights
 from torchtitan.config import JobConfig, help_text, parse_args, to_toml, validate
 from torchtitan.errors import UserError
@@ -74,9 +75,8 @@ def train(cfg: JobConfig) -> int:
     metrics, peak = build_metrics(run, start_step)
     log_run_header(run, metrics, load_from, init_s, optim_s, started)
     # Python's cyclic GC can pause a rank for ~100 ms at random steps; collect at fixed steps instead, on all ranks.
-    if t.gc_freq > 0:
-        gc.disable()
-        gc.collect(1)
+    # It was paused through start-up (train.py; torchtitan/gc_policy.py); with gc_freq 0 it is automatic again.
+    gc_policy.resume(automatic=t.gc_freq == 0)
     # Every process group (default, mesh sub-groups, checkpoint) waits up to the init timeout in the first step
     # (compile, warm-up, lazy init); the training timeout takes over once it has completed.
     set_collective_timeout(cfg.comm.init_timeout_seconds)

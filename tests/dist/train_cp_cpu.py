@@ -11,6 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cp_cpu_kernel
 
+from torchtitan import gc_policy  # noqa: E402
+
+gc_policy.pause()  # as train.py: before torch's imports; each run's train() resumes it
+
 import cp_cpu_kernel  # noqa: E402
 
 from torchtitan.parallel.distributed import exit_process  # noqa: E402

@@ -11,11 +11,15 @@ Used by tests/test_startup.py.
 import json
 import os
 
-import torchtitan.host_sync as host_sync
-import torchtitan.models.llama3.model as model_module
-from torchtitan import watchdog
-from torchtitan.parallel.distributed import exit_process
-from torchtitan.train import main
+from torchtitan import gc_policy
+
+gc_policy.pause()  # as train.py: before torch's imports; train() resumes it
+
+import torchtitan.host_sync as host_sync  # noqa: E402
+import torchtitan.models.llama3.model as model_module  # noqa: E402
+from torchtitan import watchdog  # noqa: E402
+from torchtitan.parallel.distributed import exit_process  # noqa: E402
+from torchtitan.train import main  # noqa: E402
 
 counts = {"init_calls": 0, "reads_per_step": {}}
 _reads_before = [0]
