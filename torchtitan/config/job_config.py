@@ -414,7 +414,8 @@ class Estimate:
     )
     eager_rms_norm: Literal["fused", "composite"] = opt(
         "fused",
-        "RMSNorm outside torch.compile on CUDA: fused (one kernel each way, torch >= 2.9) or composite (upcast,"
+        "RMSNorm outside torch.compile on CUDA: fused (one kernel each way: torch >= 2.9, or a framework's own"
+        " fused kernel) or composite (upcast,"
         " square, mean, rsqrt, scale, downcast, weight as separate kernels: torch before 2.9, for runs on older"
         " software); CPU is always composite",
     )
