@@ -11,9 +11,10 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             the output (torchao does this because the CUTLASS kernel without fast accumulation is slow). On Hopper
             with compiled blocks a rowwise linear is priced as a whole by torchao's measured speedup table over bf16
             (ROWWISE_SPEEDUP, by forward M, K, N).
-  attention FlashAttention-2 (torch SDPA's flash backend) forward and backward TFLOPS by sequence length, head
-            dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus;
-            B200: torch SDPA's cuDNN backend, measured on a B200); the same power factor.
+  attention the SDPA kernel's forward and backward TFLOPS by sequence length: on Hopper cuDNN attention (torch's
+            choice there since 2.11's bundled cuDNN) or FlashAttention-2 (older torch), by head dim 64 / 128, from
+            the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
+            published plateaus; B200: torch SDPA's cuDNN backend, measured on a B200; the same power factor.
 """
 
 from __future__ import annotations
@@ -322,6 +323,58 @@ def _h100_tflops(seq: float, backward: bool, causal: bool) -> float:
     return fwd_c if causal else _interp(seq, FA2_H100_FWD)
 
 
+# Hopper (H100, H200; sm90), by head dim and SDPA backend, from the same FlashAttention-3 paper figures (arXiv
+# 2407.08608, Figure 5: forward, non-causal and causal, head dims 64 / 128 / 256; Figure 6: backward, non-causal;
+# H100 80GB SXM5, bf16, batch x seq = 16K tokens, hidden 2048), whose FlashAttention-2 bars at head dim 128 are the
+# FA2_H100_* curves above. The "cuDNN" bars are NVIDIA's cuDNN fused attention (cuDNN 9 of mid-2024), the kernels
+# torch's SDPA cuDNN backend calls (aten/src/ATen/native/cudnn/MHA.cpp builds a cudnn-frontend SDPA graph).
+# Cross-check: NVIDIA/cudnn-frontend benchmark/benchmark_results.csv (cuDNN 9.1.0; its README sets an H200 to 700 W
+# and 1980 MHz; head dim 128, causal, 2 x 8192): cuDNN 573 forward / 464 backward, torch's FA2 325 / 277.
+FA2_H100_FWD_D64 = (282.0, 306.0, 318.0, 321.0, 322.0, 324.0)  # non-causal
+FA2_H100_FWD_CAUSAL_D64 = (180.0, 229.0, 262.0, 284.0, 295.0, 299.0)
+FA2_H100_BWD_D64 = (198.0, 238.0, 264.0, 279.0, 287.0, 291.0)  # non-causal
+CUDNN_H100_FWD = (497.0, 574.0, 617.0, 609.0, 600.0, 595.0)  # head dim 128, non-causal
+CUDNN_H100_FWD_CAUSAL = (315.0, 410.0, 484.0, 518.0, 529.0, 539.0)
+CUDNN_H100_BWD = (305.0, 408.0, 465.0, 499.0, 518.0, 516.0)  # non-causal
+CUDNN_H100_FWD_D64 = (335.0, 373.0, 395.0, 408.0, 412.0, 413.0)
+CUDNN_H100_FWD_CAUSAL_D64 = (225.0, 288.0, 334.0, 363.0, 379.0, 388.0)
+CUDNN_H100_BWD_D64 = (266.0, 348.0, 395.0, 417.0, 432.0, 433.0)
+# (forward non-causal, forward causal, backward non-causal) by backend and head dim
+_HOPPER_CURVES = {
+    ("flash", 64): (FA2_H100_FWD_D64, FA2_H100_FWD_CAUSAL_D64, FA2_H100_BWD_D64),
+    ("flash", 128): (FA2_H100_FWD, FA2_H100_FWD_CAUSAL, FA2_H100_BWD),
+    ("cudnn", 64): (CUDNN_H100_FWD_D64, CUDNN_H100_FWD_CAUSAL_D64, CUDNN_H100_BWD_D64),
+    ("cudnn", 128): (CUDNN_H100_FWD, CUDNN_H100_FWD_CAUSAL, CUDNN_H100_BWD),
+}
+HOPPER_ATTENTION_DEVICES = ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL")
+# torch's SDPA puts cuDNN first on sm90 and sm100 (minor 0 or 3) when the runtime cuDNN is newer than 9.15.0
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp `check_prefer_cudnn_attention`, since pytorch/pytorch
+# PR #162073 of 2025-09 for torch 2.9, the 9.15 threshold for the seq-len fix of #169849). torch 2.11.0's wheel
+# requires nvidia-cudnn-cu13==9.19.0.56 (its PyPI metadata; pytorch/pytorch PR #175672), the torch this trainer's
+# GPU runs use, so a Hopper or B200 run of this trainer runs cuDNN attention. Older software ran FlashAttention-2
+# on Hopper: torch 2.5.0 put cuDNN first on H100 and 2.5.1 made it opt-in again (pytorch/pytorch#138522 after
+# #139298); the nightly of 2024-12 chose flash (pytorch/pytorch#142132, torch 2.6.0.dev20241204, H100).
+# --estimate.attention_backend=flash prices such a run.
+CUDNN_FIRST_DEVICES = (*HOPPER_ATTENTION_DEVICES, "B200")
+
+
+def _hopper_curve(seq: float, which: int, head_dim: int, backend: str) -> float:
+    """One Hopper curve at this sequence length, log2-interpolated between the measured head dims 64 and 128
+    (clamped to them)."""
+    t = min(max(math.log2(max(head_dim, 1)) - 6.0, 0.0), 1.0)
+    lo = _interp(seq, _HOPPER_CURVES[(backend, 64)][which])
+    hi = _interp(seq, _HOPPER_CURVES[(backend, 128)][which])
+    return lo + t * (hi - lo)
+
+
+def _hopper_tflops(seq: float, backward: bool, causal: bool, head_dim: int, backend: str) -> float:
+    fwd_c = _hopper_curve(seq, 1, head_dim, backend)
+    if backward:  # causal backward: non-causal x the forward's causal / non-causal ratio (as for FA2 above)
+        ratio = fwd_c / _hopper_curve(seq, 0, head_dim, backend) if causal else 1.0
+        return _hopper_curve(seq, 2, head_dim, backend) * ratio
+    return fwd_c if causal else _hopper_curve(seq, 0, head_dim, backend)
+
+
 def fwd_bwd_tflops(tflops_at, seq: float) -> float:
     """Forward + backward TFLOPS as FlashAttention's benchmarks count it: 3.5 forward FLOPs over both times."""
     return 3.5 / (1.0 / tflops_at(seq, False) + 2.5 / tflops_at(seq, True))
@@ -345,10 +398,33 @@ B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387,
 B200_PEAK = 2250.0
 
 
-def attention_fraction(device: str, seq: float, backward: bool, causal: bool = True) -> float:
-    """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length."""
-    if device == "B200":  # cuDNN attention (above), measured causal
-        return _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD) / B200_PEAK
+def attention_backend(device: str, requested: str = "auto") -> str:
+    """The SDPA backend a run on `device` uses: "cudnn" or "flash" (FlashAttention-2). auto: cuDNN on the parts
+    whose datacenter compute capability torch prefers it on (sm90 Hopper, sm100 B200), FlashAttention-2 elsewhere."""
+    if requested != "auto":
+        return requested
+    return "cudnn" if device in CUDNN_FIRST_DEVICES else "flash"
+
+
+def attention_fraction(
+    device: str,
+    seq: float,
+    backward: bool,
+    causal: bool = True,
+    head_dim: int = 128,
+    backend: str = "auto",
+) -> float:
+    """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length,
+    with the SDPA backend `backend` (auto: attention_backend's choice for the device)."""
+    backend = attention_backend(device, backend)
+    if device == "B200":
+        if backend == "cudnn":  # cuDNN attention (above), measured causal
+            return _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD) / B200_PEAK
+        return (
+            _h100_tflops(seq, backward, causal) / B200_PEAK
+        )  # FA2's mma.sync kernels: about the H100's TFLOPS
+    if device in HOPPER_ATTENTION_DEVICES:
+        return _hopper_tflops(seq, backward, causal, head_dim, backend) / 989.0
     frac = _h100_tflops(seq, backward, causal) / 989.0
     if device in ("A100", "A100 40GB"):
         h100 = fwd_bwd_tflops(lambda x, b: _h100_tflops(x, b, True), seq)
