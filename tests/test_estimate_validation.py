@@ -339,7 +339,9 @@ def test_device_rates_reproduce_their_measurements():
     assert fwd == pytest.approx(rates.FA2_MI300X_FWD_16K, rel=1e-6)
     assert bwd == pytest.approx(rates.FA2_MI300X_BWD_16K, rel=1e-6)
     # the H100 curve is untouched by the MI300X figures
-    h100_fa2 = 989.0 * rates.attention_fraction("H100 SXM", 16384, backward=False, causal=False, backend="flash")
+    h100_fa2 = 989.0 * rates.attention_fraction(
+        "H100 SXM", 16384, backward=False, causal=False, backend="flash"
+    )
     assert h100_fa2 == pytest.approx(370.0)
 
 
@@ -379,7 +381,9 @@ def test_b200_rates_reproduce_their_measurements():
     mid = 2250.0 * rates.attention_fraction("B200", 8192 * 2**0.5, backward=False)
     assert mid == pytest.approx((1211.14 + 1358.566) / 2, rel=1e-6)
     # other devices keep their own curves
-    h100_fa2 = 989.0 * rates.attention_fraction("H100 SXM", 16384, backward=False, causal=False, backend="flash")
+    h100_fa2 = 989.0 * rates.attention_fraction(
+        "H100 SXM", 16384, backward=False, causal=False, backend="flash"
+    )
     assert h100_fa2 == pytest.approx(370.0)
 
 
@@ -411,7 +415,9 @@ def test_hopper_attention_by_backend_and_head_dim():
         assert rates.attention_backend(device) == "flash"
     assert rates.attention_backend("H100 SXM", "flash") == "flash"
     # A100 and MI300X keep FlashAttention-2 at head dim 128 whatever the head dim
-    assert rates.attention_fraction("A100", 8192, False, True, 64) == rates.attention_fraction("A100", 8192, False)
+    assert rates.attention_fraction("A100", 8192, False, True, 64) == rates.attention_fraction(
+        "A100", 8192, False
+    )
 
 
 def test_attention_backend_of_a_source_reaches_its_rows():

@@ -327,7 +327,9 @@ def _h100_tflops(seq: float, backward: bool, causal: bool) -> float:
 # 2407.08608, Figure 5: forward, non-causal and causal, head dims 64 / 128 / 256; Figure 6: backward, non-causal;
 # H100 80GB SXM5, bf16, batch x seq = 16K tokens, hidden 2048), whose FlashAttention-2 bars at head dim 128 are the
 # FA2_H100_* curves above. The "cuDNN" bars are NVIDIA's cuDNN fused attention (cuDNN 9 of mid-2024), the kernels
-# torch's SDPA cuDNN backend calls (aten/src/ATen/native/cudnn/MHA.cpp builds a cudnn-frontend SDPA graph).
+# torch's SDPA cuDNN backend calls (aten/src/ATen/native/cudnn/MHA.cpp builds a cudnn-frontend SDPA graph). The
+# values are the bars' printed labels (read from transcriptions of the figure images; their FA2 head-dim-128 values
+# equal the FA2_H100_* curves digit for digit).
 # Cross-check: NVIDIA/cudnn-frontend benchmark/benchmark_results.csv (cuDNN 9.1.0; its README sets an H200 to 700 W
 # and 1980 MHz; head dim 128, causal, 2 x 8192): cuDNN 573 forward / 464 backward, torch's FA2 325 / 277.
 FA2_H100_FWD_D64 = (282.0, 306.0, 318.0, 321.0, 322.0, 324.0)  # non-causal
