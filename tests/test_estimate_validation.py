@@ -388,27 +388,32 @@ def test_b200_rates_reproduce_their_measurements():
 
 
 def test_hopper_attention_by_backend_and_head_dim():
-    """On Hopper the SDPA kernel's rates are the FlashAttention-3 paper's H100 bars (Figures 5-6) for its backend and
-    head dim: FA2 and cuDNN, head dims 64 and 128, at the measured lengths; log2 between the head dims; torch's own
-    choice (auto) is cuDNN on sm90 / sm100 parts and FlashAttention-2 elsewhere."""
+    """On Hopper the SDPA kernel's rates are the measured curves of its backend and head dim at the measured lengths
+    (FA2 at head dims 64 and 128 and cuDNN at 64: the FlashAttention-3 paper's H100 bars; cuDNN at 128: cuDNN 9.19
+    on an H200, causal backward measured too), log2 between the head dims; torch's own choice (auto) is cuDNN on
+    sm90 / sm100 parts and FlashAttention-2 elsewhere."""
     from torchtitan.estimate import rates
 
     def tflops(device, seq, backward, causal, head_dim, backend):
         return 989.0 * rates.attention_fraction(device, seq, backward, causal, head_dim, backend)
 
-    for (backend, hd), (fwd, fwd_c, bwd) in rates._HOPPER_CURVES.items():
-        for i, seq in enumerate(rates.FA_SEQ):
+    for (backend, hd), (xs, fwd, fwd_c, bwd, bwd_c) in rates._HOPPER_CURVES.items():
+        for i, seq in enumerate(xs):
             for device in ("H100 SXM", "H200"):
                 assert tflops(device, seq, False, False, hd, backend) == pytest.approx(fwd[i], rel=1e-9)
                 assert tflops(device, seq, False, True, hd, backend) == pytest.approx(fwd_c[i], rel=1e-9)
                 assert tflops(device, seq, True, False, hd, backend) == pytest.approx(bwd[i], rel=1e-9)
-    # published points: cuDNN forward causal 529 at 8K (head dim 128), FA2 backward 287 at 8K (head dim 64)
-    assert tflops("H100 SXM", 8192, False, True, 128, "cudnn") == pytest.approx(529.0)
+                if bwd_c is not None:
+                    assert tflops(device, seq, True, True, hd, backend) == pytest.approx(bwd_c[i], rel=1e-9)
+    # published points: cuDNN 9.19 forward causal 644 at 8K (head dim 128), FA2 backward 287 at 8K (head dim 64);
+    # FA2's causal backward by the forward's causal / non-causal ratio
+    assert tflops("H100 SXM", 8192, False, True, 128, "cudnn") == pytest.approx(644.0)
     assert tflops("H100 SXM", 8192, True, False, 64, "flash") == pytest.approx(287.0)
+    assert tflops("H200", 8192, True, True, 128, "flash") == pytest.approx(318.0 * 333.0 / 370.0)
     # head dim 90.5 (2^6.5) is halfway in log2; 256 takes the 128 curve
     mid = tflops("H200", 8192, False, False, 2**6.5, "cudnn")
-    assert mid == pytest.approx((412.0 + 600.0) / 2)
-    assert tflops("H200", 8192, False, False, 256, "cudnn") == pytest.approx(600.0)
+    assert mid == pytest.approx((412.0 + 691.0) / 2)
+    assert tflops("H200", 8192, False, False, 256, "cudnn") == pytest.approx(691.0)
     for device in ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL", "B200"):
         assert rates.attention_backend(device) == "cudnn"
     for device in ("A100", "A100 40GB", "L40S", "MI300X"):
