@@ -425,6 +425,12 @@ class Estimate:
         " torch >= 2.10) or kept until step() returns them merged (torch before pytorch/pytorch#165822, Oct 2025,"
         " for runs on older software)",
     )
+    attention_backend: Literal["auto", "flash", "cudnn"] = opt(
+        "auto",
+        "the SDPA kernel a run uses: auto = what torch >= 2.11 picks with the cuDNN its wheel bundles (9.19 > 9.15:"
+        " cuDNN on Hopper and B200, FlashAttention-2 elsewhere); flash = FlashAttention-2 (torch's choice on Hopper"
+        " before 2.9, for runs on older software); cudnn = cuDNN attention",
+    )
     sac_saves_attention: bool = opt(
         True,
         "selective op AC keeps SDPA's output (this trainer's save list names every SDPA backend); false: attention"

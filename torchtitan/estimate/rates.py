@@ -11,9 +11,10 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             the output (torchao does this because the CUTLASS kernel without fast accumulation is slow). On Hopper
             with compiled blocks a rowwise linear is priced as a whole by torchao's measured speedup table over bf16
             (ROWWISE_SPEEDUP, by forward M, K, N).
-  attention FlashAttention-2 (torch SDPA's flash backend) forward and backward TFLOPS by sequence length, head
-            dim 128, from the FlashAttention-3 paper's H100 figures (A100, MI300X: their own published plateaus;
-            B200: torch SDPA's cuDNN backend, measured on a B200); the same power factor.
+  attention the SDPA kernel's forward and backward TFLOPS by sequence length: on Hopper cuDNN attention (torch's
+            choice there since 2.11's bundled cuDNN) or FlashAttention-2 (older torch), by head dim 64 / 128, from
+            the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
+            published plateaus; B200: torch SDPA's cuDNN backend, measured on a B200; the same power factor.
 """
 
 from __future__ import annotations
@@ -334,6 +335,80 @@ def _h100_tflops(seq: float, backward: bool, causal: bool) -> float:
     return fwd_c if causal else _interp(seq, FA2_H100_FWD)
 
 
+# Hopper (H100, H200; sm90), by head dim and SDPA backend. FlashAttention-2 at head dims 64 and 128, and cuDNN at
+# head dim 64: the same FlashAttention-3 paper figures (arXiv 2407.08608, Figure 5: forward, non-causal and causal,
+# head dims 64 / 128 / 256; Figure 6: backward, non-causal; H100 80GB SXM5, bf16, batch x seq = 16K tokens, hidden
+# 2048), whose FlashAttention-2 bars at head dim 128 are the FA2_H100_* curves above; its "cuDNN" bars are NVIDIA's
+# fused attention of mid-2024 (cuDNN 9), the kernels torch's SDPA cuDNN backend calls (aten/src/ATen/native/cudnn/
+# MHA.cpp builds a cudnn-frontend SDPA graph). The values are the bars' printed labels (read from transcriptions of
+# the figure images; their FA2 head-dim-128 values equal the FA2_H100_* curves digit for digit).
+FA2_H100_FWD_D64 = (282.0, 306.0, 318.0, 321.0, 322.0, 324.0)  # non-causal
+FA2_H100_FWD_CAUSAL_D64 = (180.0, 229.0, 262.0, 284.0, 295.0, 299.0)
+FA2_H100_BWD_D64 = (198.0, 238.0, 264.0, 279.0, 287.0, 291.0)  # non-causal
+CUDNN_H100_FWD_D64 = (335.0, 373.0, 395.0, 408.0, 412.0, 413.0)
+CUDNN_H100_FWD_CAUSAL_D64 = (225.0, 288.0, 334.0, 363.0, 379.0, 388.0)
+CUDNN_H100_BWD_D64 = (266.0, 348.0, 395.0, 417.0, 432.0, 433.0)
+# cuDNN at head dim 128: cuDNN 9.19, the version torch 2.11 bundles, on an H200: NVIDIA/cudnn-frontend (v1.19.0,
+# df73764, 2026-03-09) benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/llama3.1_20260227_034703.csv
+# (cuDNN backend 91901, the cudnn Python graph API; bf16, batch 1, 64 query / 8 KV heads, 10 iterations;
+# "top_left" = causal; TFLOPS on causal-halved FLOPs, backward 2.5x the forward's, as the estimator counts them).
+# The paper's mid-2024 cuDNN gave 529 / 518 TFLOPS (forward causal / backward non-causal, 8K) where 9.19 gives
+# 644 / 594. Head dim 64 stays at the paper's cuDNN: no newer head-dim-64 measurement was found, and
+# cudnn-frontend's Llama-3.2-1B training benchmark (H200 at 1500 MHz, cuDNN 9.9, head dim 64, 2 x 8192: 0.357 s
+# per iteration with cuDNN, 0.397 s with FA2) fits the paper's head-dim-64 rates (0.035 s apart at full clock,
+# 0.046 s scaled to 1500 MHz) better than the same rates raised by 9.19's gain at head dim 128 (0.048 / 0.064 s).
+CUDNN919_SEQ = (2048, 4096, 8192, 16384, 32768)
+CUDNN919_H200_FWD = (633.0, 671.0, 691.0, 702.0, 693.0)  # no mask
+CUDNN919_H200_FWD_CAUSAL = (484.0, 591.0, 644.0, 673.0, 688.0)
+CUDNN919_H200_BWD = (504.0, 560.0, 594.0, 612.0, 572.0)  # no mask
+CUDNN919_H200_BWD_CAUSAL = (370.0, 474.0, 541.0, 579.0, 581.0)
+# (lengths, forward non-causal, forward causal, backward non-causal, backward causal or None) by backend, head dim;
+# None: the causal backward is the non-causal one x the forward's causal / non-causal ratio (as for FA2 above)
+_HOPPER_CURVES = {
+    ("flash", 64): (FA_SEQ, FA2_H100_FWD_D64, FA2_H100_FWD_CAUSAL_D64, FA2_H100_BWD_D64, None),
+    ("flash", 128): (FA_SEQ, FA2_H100_FWD, FA2_H100_FWD_CAUSAL, FA2_H100_BWD, None),
+    ("cudnn", 64): (FA_SEQ, CUDNN_H100_FWD_D64, CUDNN_H100_FWD_CAUSAL_D64, CUDNN_H100_BWD_D64, None),
+    ("cudnn", 128): (
+        CUDNN919_SEQ,
+        CUDNN919_H200_FWD,
+        CUDNN919_H200_FWD_CAUSAL,
+        CUDNN919_H200_BWD,
+        CUDNN919_H200_BWD_CAUSAL,
+    ),
+}
+HOPPER_ATTENTION_DEVICES = ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL")
+# torch's SDPA puts cuDNN first on sm90 and sm100 (minor 0 or 3) when the runtime cuDNN is newer than 9.15.0
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp `check_prefer_cudnn_attention`, since pytorch/pytorch
+# PR #162073 of 2025-09 for torch 2.9, the 9.15 threshold for the seq-len fix of #169849). torch 2.11.0's wheel
+# requires nvidia-cudnn-cu13==9.19.0.56 (its PyPI metadata; pytorch/pytorch PR #175672), the torch this trainer's
+# GPU runs use, so a Hopper or B200 run of this trainer runs cuDNN attention. Older software ran FlashAttention-2
+# on Hopper: torch 2.5.0 put cuDNN first on H100 and 2.5.1 made it opt-in again (pytorch/pytorch#138522 after
+# #139298); the nightly of 2024-12 chose flash (pytorch/pytorch#142132, torch 2.6.0.dev20241204, H100).
+# --estimate.attention_backend=flash prices such a run.
+CUDNN_FIRST_DEVICES = (*HOPPER_ATTENTION_DEVICES, "B200")
+
+
+def _hopper_at(seq: float, backward: bool, causal: bool, head_dim: int, backend: str) -> float:
+    """A measured Hopper curve (head dim 64 or 128) at this sequence length (log2-linear, as _interp_on)."""
+    xs, fwd, fwd_c, bwd, bwd_c = _HOPPER_CURVES[(backend, head_dim)]
+    if not backward:
+        return _interp_on(seq, xs, fwd_c if causal else fwd)
+    if not causal:
+        return _interp_on(seq, xs, bwd)
+    if bwd_c is not None:
+        return _interp_on(seq, xs, bwd_c)
+    return _interp_on(seq, xs, bwd) * _interp_on(seq, xs, fwd_c) / _interp_on(seq, xs, fwd)
+
+
+def _hopper_tflops(seq: float, backward: bool, causal: bool, head_dim: int, backend: str) -> float:
+    """Hopper TFLOPS of `backend` at this head dim: log2-interpolated between the measured head dims 64 and 128,
+    clamped to them."""
+    t = min(max(math.log2(max(head_dim, 1)) - 6.0, 0.0), 1.0)
+    lo = _hopper_at(seq, backward, causal, 64, backend)
+    hi = _hopper_at(seq, backward, causal, 128, backend)
+    return lo + t * (hi - lo)
+
+
 def fwd_bwd_tflops(tflops_at, seq: float) -> float:
     """Forward + backward TFLOPS as FlashAttention's benchmarks count it: 3.5 forward FLOPs over both times."""
     return 3.5 / (1.0 / tflops_at(seq, False) + 2.5 / tflops_at(seq, True))
@@ -357,10 +432,33 @@ B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387,
 B200_PEAK = 2250.0
 
 
-def attention_fraction(device: str, seq: float, backward: bool, causal: bool = True) -> float:
-    """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length."""
-    if device == "B200":  # cuDNN attention (above), measured causal
-        return _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD) / B200_PEAK
+def attention_backend(device: str, requested: str = "auto") -> str:
+    """The SDPA backend a run on `device` uses: "cudnn" or "flash" (FlashAttention-2). auto: cuDNN on the parts
+    whose datacenter compute capability torch prefers it on (sm90 Hopper, sm100 B200), FlashAttention-2 elsewhere."""
+    if requested != "auto":
+        return requested
+    return "cudnn" if device in CUDNN_FIRST_DEVICES else "flash"
+
+
+def attention_fraction(
+    device: str,
+    seq: float,
+    backward: bool,
+    causal: bool = True,
+    head_dim: int = 128,
+    backend: str = "auto",
+) -> float:
+    """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length,
+    with the SDPA backend `backend` (auto: attention_backend's choice for the device)."""
+    backend = attention_backend(device, backend)
+    if device == "B200":
+        if backend == "cudnn":  # cuDNN attention (above), measured causal
+            return _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD) / B200_PEAK
+        return (
+            _h100_tflops(seq, backward, causal) / B200_PEAK
+        )  # FA2's mma.sync kernels: about the H100's TFLOPS
+    if device in HOPPER_ATTENTION_DEVICES:
+        return _hopper_tflops(seq, backward, causal, head_dim, backend) / 989.0
     frac = _h100_tflops(seq, backward, causal) / 989.0
     if device in ("A100", "A100 40GB"):
         h100 = fwd_bwd_tflops(lambda x, b: _h100_tflops(x, b, True), seq)

@@ -75,6 +75,8 @@ class Rates:
         self.intra = hw.intra_node_gbps * 1e9 * collectives.intra_fraction(hw.name, eff.intra_node)
         self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
         self.attn_measured = None
+        self.head_dim = plan.args.head_dim
+        self.attn_backend = plan.cfg.estimate.attention_backend
         if cal is not None:
             if cal.attention_tflops:
                 self.attn_measured = cal.attention_tflops * 1e12
@@ -120,7 +122,7 @@ class Rates:
             return self.attn_measured
         if self.cpu_peak is not None:
             return self.cpu_peak
-        frac = rates.attention_fraction(self.hw.name, seq, backward, causal)
+        frac = rates.attention_fraction(self.hw.name, seq, backward, causal, self.head_dim, self.attn_backend)
         return self.hw.bf16_tflops * 1e12 * frac * self.power
 
 

@@ -47,7 +47,8 @@ def training_cfg(ref: dict, row: dict):
     argv = list(row["args"])
     for key, value in ref["parts"].get(row.get("part", ""), {}).items():
         argv.append(f"--estimate.{key}={value}")
-    argv += [f"--estimate.num_devices={row['num_devices']}", *row.get("estimate_args", [])]
+    argv.append(f"--estimate.num_devices={row['num_devices']}")
+    argv += [*ref.get("source_estimate_args", {}).get(row["source"], []), *row.get("estimate_args", [])]
     if "total_tokens" in row:
         argv.append(f"--estimate.total_tokens={row['total_tokens']}")
     return parse_args(argv)
