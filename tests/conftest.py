@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan.launch import local_command
+from torchtitan import gc_policy
+
+# Collecting imports torch, datasets and every test module: without the automatic GC passes over what they allocate,
+# 1.8 CPU-s less per pytest process (7.8 -> 6.0 s); resumed before the first test (pytest_collection_finish).
+gc_policy.pause()
+
+from torchtitan.launch import local_command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +79,10 @@ def pytest_collection_modifyitems(config, items):
             if "cuda" in reason.lower() or "gpu" in reason.lower():
                 item.add_marker(pytest.mark.cuda)
                 break
+
+
+def pytest_collection_finish(session):
+    gc_policy.resume(automatic=True)  # the tests run with Python's automatic GC, as the package's users do
 
 
 def train_env(**extra) -> dict:
