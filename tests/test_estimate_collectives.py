@@ -83,3 +83,34 @@ def test_overlapped_ring_takes_its_channels_sms():
     assert collectives.overlap_sm_share(A100, 192e9, a100_intra) == pytest.approx(
         24 * 192e9 / a100_intra / 108
     )
+
+
+def test_fsdp_overlap_charges_held_sms_only_where_compute_sets_the_pace():
+    """A unit's collectives and its compute run side by side and the unit ends when both have: compute-bound units
+    pay the SMs the rings hold (share x ring time), communication-bound units wait for the rings, and the compute
+    slowed under them costs nothing more while it stays shorter than the rings."""
+    from torchtitan.estimate import steptime
+
+    plan = build_plan(
+        parse_args(["--model.flavor=debugmodel", "--estimate.hardware=a100", "--estimate.num_devices=64"])
+    )
+    r = steptime.Rates(plan)
+    n_blocks, has_emb, has_head = plan.rank_layers()[0]
+    units = n_blocks + has_emb + has_head
+    share = collectives.overlap_sm_share(plan, 0.0, r.intra, full_nodes=True)  # 64 ranks on 8 whole nodes
+    assert share == pytest.approx(24 / 108)
+    sizes = [plan.embedding_params() * 2, plan.block_params() * 2, plan.head_params() * 2]
+    shortest = min(steptime._ring(plan, r, x, 64, 1) for x in sizes)  # reduce-scatters (fp32) are longer
+    total = steptime.fsdp_units(
+        plan, r, 0, [(0.0, 0.0)] * units
+    )  # no compute: every ring on the critical path
+    # compute at half the shortest ring, slowed by the share, still ends before every ring: the rings set the pace,
+    # and what they add beyond the compute is their time less the compute they overlap (every forward pass but the
+    # last overlaps the next unit's gather, every backward pass a gather and / or a reduce-scatter)
+    c = shortest / 2
+    overlapped = (2 * units - 1) * c
+    assert steptime.fsdp_units(plan, r, 0, [(c, c)] * units) == pytest.approx(total - overlapped)
+    # compute far longer than every ring: only the unoverlapped first gather and last reduce-scatters are exposed,
+    # and every other ring costs its SMs' share of its own time
+    long = steptime.fsdp_units(plan, r, 0, [(1e3, 1e3)] * units)
+    assert share * total < long < total

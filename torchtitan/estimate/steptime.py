@@ -418,19 +418,25 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
         return sum(ag) + sum(ag_bwd) + sum(rs)
     fwd = [p[0] for p in passes]
     bwd = [p[1] for p in passes]
-    exposed = ag[0] + sum(max(0.0, ag[i] - fwd[i - 1]) for i in range(1, len(ag)))
+    # an overlapped collective holds NCCL's channels' SMs, slowing the compute it overlaps (collectives.py)
+    ring = collectives.busbw(plan, r.intra, r.inter, n, d.tp)
+    ppn, _ = collectives.group_layout(plan, n, d.tp)
+    share = collectives.overlap_sm_share(plan, ring, r.intra, ppn >= plan.hw.devices_per_node)
+
+    def overlap(comm: float, compute: float) -> float:
+        """Seconds a unit's compute and the collectives running beside it take beyond the compute alone: the
+        compute loses `share` of its rate while a collective runs, and the unit ends when both have ended. A
+        unit whose collectives outlast it (communication-bound) waits for them; the SMs they hold then slow
+        only compute that is not on the critical path, unless it becomes so."""
+        return max(comm - compute, share * min(comm, compute))
+
+    exposed = ag[0] + sum(overlap(ag[i], fwd[i - 1]) for i in range(1, len(ag)))
     order = list(range(len(kinds)))[::-1]  # backward runs the units in reverse
     exposed += ag_bwd[order[0]]
     for j, u in enumerate(order):
         link = (ag_bwd[order[j + 1]] if j + 1 < len(order) else 0.0) + (rs[order[j - 1]] if j > 0 else 0.0)
-        exposed += max(0.0, link - bwd[u])
-    exposed += rs[order[-1]]
-    # the hidden part still holds NCCL's channels' SMs, slowing the compute it overlaps (collectives.py)
-    hidden = max(0.0, sum(ag) + sum(ag_bwd) + sum(rs) - exposed)
-    ring = collectives.busbw(plan, r.intra, r.inter, n, d.tp)
-    ppn, _ = collectives.group_layout(plan, n, d.tp)
-    full = ppn >= plan.hw.devices_per_node
-    return exposed + collectives.overlap_sm_share(plan, ring, r.intra, full) * hidden
+        exposed += overlap(link, bwd[u])
+    return exposed + rs[order[-1]]
 
 
 def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
