@@ -92,9 +92,9 @@ _B200 = (
     " attention by torch's cuDNN SDPA measured on a B200 (NVIDIA/cudnn-frontend f937055: 1,211 / 945 TFLOPS forward /"
     " backward at 8K, causal, head dim 128), both x (750/1000)**0.68, and the attention recompute of torchtitan's"
     " save list of then (no cuDNN SDPA op in it); float8 GEMMs keep the MAMF FP8 figure (no B200 torch._scaled_mm"
-    " measurement at training shapes found). Published step times exceed the estimates by 0.435 s (bf16), 0.430 s"
-    " (tensorwise) and 0.549 s (rowwise) of 0.79-0.99 s: the bf16 - tensorwise difference is predicted (0.200 s"
-    " published, 0.194 s estimated) but a near-constant ~0.43 s per step is in neither the kernel rates found nor"
+    " measurement at training shapes found). Published step times exceed the estimates by 0.464 s (bf16), 0.446 s"
+    " (tensorwise) and 0.565 s (rowwise) of 0.79-0.99 s: the bf16 - tensorwise difference is predicted (0.200 s"
+    " published, 0.182 s estimated) but a near-constant ~0.45 s per step is in neither the kernel rates found nor"
     " the model (FSDP's whole traffic at NVLink 5 is ~0.08 s); what it is (power-capped clocks below the H100 rule,"
     " host overhead, NCCL of then on B200) is not published: not explained"
 )
