@@ -3,9 +3,11 @@
 Nothing here is chosen by fitting the training-throughput rows of tests/estimate_reference.toml: every number is a
 published microbenchmark or vendor figure (cited beside it) or follows from one by a stated physical rule.
 
-  GEMM      Maximum Achievable Matmul FLOPS (MAMF) of the device and dtype at its best shape, times a shape factor
-            (wave quantization of the output tiles over the SMs, and the pipeline prologue/epilogue of a tile's K
-            loop) relative to the best shape, times a power factor for parts run below their TDP.
+  GEMM      a sustained large-GEMM rate of the device and dtype at a reference shape (the MAMF shape search's best,
+            replaced where a sustained measurement exists: the A100 and B200 at 8192^3, the 700 W Hopper parts at
+            mamf-finder's Maximum Sustainable Matmul FLOPS), times a shape factor (wave quantization of the output
+            tiles over the SMs, and the pipeline prologue/epilogue of a tile's K loop) relative to the reference
+            shape, times a power factor for parts run below their TDP.
   float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure). rowwise: the CUTLASS rowwise
             kernel in the forward, and in the backward cuBLAS with unit scales plus a separate rescale pass of
             the output (torchao does this because the CUTLASS kernel without fast accumulation is slow). On Hopper
@@ -34,11 +36,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GemmSource:
-    bf16_tflops: float  # MAMF, dense bf16
+    bf16_tflops: float  # dense bf16 at best_shape: the MAMF, or a sustained measurement that replaces it
     fp8_tflops: (
         float | None
     )  # MAMF, float8 tensorwise; None: not published (bf16 fraction of the FP8 peak used)
-    best_shape: tuple[int, int, int]  # (M, N, K) where the bf16 MAMF was measured
+    best_shape: tuple[
+        int, int, int
+    ]  # (M, N, K) the bf16 figure is referred to (the shape factor's reference)
     table_peak: float  # the datasheet bf16 peak the MAMF is a fraction of
     table_fp8_peak: float | None
     sms: int  # streaming multiprocessors (CUs on AMD): the tiles' wave size
@@ -64,9 +68,10 @@ SAME_ARCH = {
 }
 
 # Power limit below TDP. Measured on H100 at 500 W: FBGEMM PR #2546 (pytorch/FBGEMM, 2024-04, "H100 500W"), bf16
-# torch.mm 585.23 TFLOPS at 8192x8192x8192 (575.12 at 65536x8192x7168). At the TDP (700 W) the MAMF search gives
-# 794.5 at its best shape. Throughput of a power-bound GEMM scales as (limit / TDP) ** POWER_EXPONENT, the exponent
-# solved from these two points (with the shape factor between the two shapes): see power_exponent() below.
+# torch.mm 585.23 TFLOPS at 8192x8192x8192 (575.12 at 65536x8192x7168). At the TDP (700 W) the H100 sustains the
+# MSMF below (755 at its shape). Throughput of a power-bound GEMM scales as (limit / TDP) ** POWER_EXPONENT, the
+# exponent solved from these two sustained points (with the shape factor between the two shapes): see
+# power_exponent() below. (Solved against the 700 W burst MAMF, 794.5, it was 0.89; against the sustained rate 0.68.)
 H100_500W_BF16_8192 = 585.23
 
 
@@ -130,6 +135,39 @@ GEMM_SOURCES["B200"] = dataclasses.replace(GEMM_SOURCES["B200"], bf16_tflops=B20
 A100_BF16_8192 = 257.0
 GEMM_SOURCES["A100"] = dataclasses.replace(GEMM_SOURCES["A100"], bf16_tflops=A100_BF16_8192)
 
+# 700 W Hopper SXM parts (H100 SXM, H200) at their sustained rate. The MAMF above is a burst: mamf-finder's newer
+# revision (stas00/ml-engineering, compute/accelerator/benchmarks/README.md, "How MAMF and MSMF are defined" and
+# "What was measured: alone vs all-8 concurrent", 2026, after 744d01e) separates the boost-clock burst from the
+# Maximum *Sustainable* Matmul FLOPS (MSMF: after up to 20 s of 8192^3 bf16 matmuls have settled the clock at the
+# power limit, the fastest shape whose rate holds steady over a 2-4 s window; "the steady rate under full load, which
+# matches real training throughput"; boost bursts "draw only ~150-330 W"). On an 8x H200 node (torch 2.14.0+cu130,
+# every other GPU running a matmul meanwhile, as in training; mamf-finder-all-gpus.py) the bf16 node MSMF is 755
+# TFLOPS (the median GPU; the slowest 745; GPU0 alone 744.8 over 5 runs, one of which found 745 at 1536x2816x6144)
+# where its burst MAMF is 848-852; float8 (e4m3, torch._scaled_mm) sustains about 1330 at 1536x2816x10240 (one GPU;
+# about 1330-1337 in the source's runs, the lower taken). Both shapes fill one wave of 128x256 tiles on 132 SMs;
+# the tiling model's K fill does not hold at the power limit (the source's K walk: 2816x1536 sustains 727 at
+# K=20480, 741 at 10240, 749 at 6144), so each figure is taken as the rate at the reference shape, and smaller shapes
+# keep their relative factor.
+# The H100 SXM takes the H200's figures: the same GH100 die at the same 700 W limit (the MAMF table lists the H100's
+# bf16 MAMF with "H200 is the same"). The same source's B200 MSMF (1424 on one GPU, node median 1439) agrees with the
+# B200's 8192^3 figure above within 1.3 %: the 8192^3 measurements the A100 and B200 use are sustained rates too.
+# The 500 W H100 keeps its own measurement (FBGEMM's 585.23 at 8192^3): the power exponent below is solved from
+# these two sustained points.
+HOPPER_700W_MSMF_BF16 = 755.0
+HOPPER_700W_MSMF_BF16_SHAPE = (1536, 2816, 6144)
+HOPPER_700W_MSMF_FP8 = 1330.0
+HOPPER_700W_MSMF_FP8_SHAPE = (1536, 2816, 10240)
+# The burst figures they replace (the MAMF table above), kept for the attention curves' burst-to-sustained factor.
+HOPPER_MAMF_BF16 = GEMM_SOURCES["H100 SXM"].bf16_tflops
+HOPPER_MAMF_SHAPE = GEMM_SOURCES["H100 SXM"].best_shape
+for _part in ("H100 SXM", "H200"):
+    GEMM_SOURCES[_part] = dataclasses.replace(
+        GEMM_SOURCES[_part],
+        bf16_tflops=HOPPER_700W_MSMF_BF16,
+        fp8_tflops=HOPPER_700W_MSMF_FP8,
+        best_shape=HOPPER_700W_MSMF_BF16_SHAPE,
+    )
+
 
 def power_exponent() -> float:
     src = GEMM_SOURCES["H100 SXM"]
@@ -140,6 +178,26 @@ def power_exponent() -> float:
 
 
 POWER_EXPONENT = power_exponent()
+
+
+def _hopper_burst_to_sustained() -> float:
+    """Sustained / burst rate of a large GEMM on a 700 W Hopper part at the same shape: the MSMF-referred rate over
+    the MAMF-referred one (0.932 at every shape below both reference shapes, e.g. 8192^3: 736 vs 790 TFLOPS)."""
+    sms = GEMM_SOURCES["H100 SXM"].sms
+    at = (8192, 8192, 8192, sms)
+    sustained = HOPPER_700W_MSMF_BF16 * shape_factor(*at) / shape_factor(*HOPPER_700W_MSMF_BF16_SHAPE, sms)
+    burst = HOPPER_MAMF_BF16 * shape_factor(*at) / shape_factor(*HOPPER_MAMF_SHAPE, sms)
+    return sustained / burst
+
+
+# The Hopper attention curves (FlashAttention-3 paper, cudnn-frontend's 10-iteration runs) are benchmark loops like
+# the MAMF, not minutes at the power limit. Before the MSMF, the power exponent (solved against the MAMF) carried this
+# burst-to-sustained loss into every power-capped Hopper part's attention and into none at 700 W; now the power
+# factor relates sustained rates, and the loss is applied on its own, at every power limit: a Hopper part's
+# attention sustains its measured curve x this factor x the power factor (500 W: 0.932 x 0.796 = 0.742, the 0.741
+# it had before). An assumption: attention's tensor-core work loses at the power limit what a GEMM loses; no
+# sustained attention measurement was found. Other devices' attention curves are left as measured.
+HOPPER_ATTENTION_SUSTAINED = _hopper_burst_to_sustained()
 
 
 def gemm_source(device: str) -> tuple[GemmSource, str]:
@@ -430,6 +488,11 @@ B200_ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 B200_CUDNN_FWD = (66.28, 216.11, 525.475, 897.309, 1211.14, 1358.566, 1435.072, 1428.973, 1348.674)
 B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387, 1074.456, 1037.897)
 B200_PEAK = 2250.0
+
+
+def attention_sustained_factor(device: str) -> float:
+    """Sustained / measured for the device's attention curves (HOPPER_ATTENTION_SUSTAINED on Hopper, else 1)."""
+    return HOPPER_ATTENTION_SUSTAINED if device in HOPPER_ATTENTION_DEVICES else 1.0
 
 
 def attention_backend(device: str, requested: str = "auto") -> str:

@@ -123,6 +123,8 @@ class Rates:
         if self.cpu_peak is not None:
             return self.cpu_peak
         frac = rates.attention_fraction(self.hw.name, seq, backward, causal, self.head_dim, self.attn_backend)
+        # the measured curves are benchmark loops; a run holds the power limit for minutes
+        frac *= rates.attention_sustained_factor(self.hw.name)
         return self.hw.bf16_tflops * 1e12 * frac * self.power
 
 
