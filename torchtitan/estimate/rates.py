@@ -136,21 +136,23 @@ A100_BF16_8192 = 257.0
 GEMM_SOURCES["A100"] = dataclasses.replace(GEMM_SOURCES["A100"], bf16_tflops=A100_BF16_8192)
 
 # 700 W Hopper SXM parts (H100 SXM, H200) at their sustained rate. The MAMF above is a burst: mamf-finder's newer
-# revision (stas00/ml-engineering, compute/accelerator/benchmarks/README.md, "How MAMF and MSMF are defined" and
-# "What was measured: alone vs all-8 concurrent", 2026, after 744d01e) separates the boost-clock burst from the
+# revision (stas00/ml-engineering, compute/accelerator/benchmarks/README.md at commit fe12f4e4b, "How MAMF and MSMF
+# are defined" and "What was measured: alone vs all-8 concurrent") separates the boost-clock burst from the
 # Maximum *Sustainable* Matmul FLOPS (MSMF: after up to 20 s of 8192^3 bf16 matmuls have settled the clock at the
 # power limit, the fastest shape whose rate holds steady over a 2-4 s window; "the steady rate under full load, which
 # matches real training throughput"; boost bursts "draw only ~150-330 W"). On an 8x H200 node (torch 2.14.0+cu130,
 # every other GPU running a matmul meanwhile, as in training; mamf-finder-all-gpus.py) the bf16 node MSMF is 755
 # TFLOPS (the median GPU; the slowest 745; GPU0 alone 744.8 over 5 runs, one of which found 745 at 1536x2816x6144)
-# where its burst MAMF is 848-852; float8 (e4m3, torch._scaled_mm) sustains about 1330 at 1536x2816x10240 (one GPU;
-# about 1330-1337 in the source's runs, the lower taken). Both shapes fill one wave of 128x256 tiles on 132 SMs;
-# the tiling model's K fill does not hold at the power limit (the source's K walk: 2816x1536 sustains 727 at
-# K=20480, 741 at 10240, 749 at 6144), so each figure is taken as the rate at the reference shape, and smaller shapes
-# keep their relative factor.
+# where its burst MAMF is 848-852 (three table means: 848.4, 847.2, 852.1); float8 (e4m3, torch._scaled_mm): the
+# source's expected MSMF is "about 1330" (and "about 1337" in another run), with 1536x2816 climbing to 1335-1372 at
+# K=10240; a run that missed that shape "came out 1281 instead of about 1330". 1330 is taken at 1536x2816x10240.
+# Both shapes fill one wave of 128x256 tiles on 132 SMs; the tiling model's K fill does not hold at the power limit
+# (the source's K walk: 2816x1536 sustains 727 at K=20480, 741 at 10240, 749 at 6144), so each figure is taken as the
+# rate at the reference shape, and smaller shapes keep their relative factor.
 # The H100 SXM takes the H200's figures: the same GH100 die at the same 700 W limit (the MAMF table lists the H100's
-# bf16 MAMF with "H200 is the same"). The same source's B200 MSMF (1424 on one GPU, node median 1439) agrees with the
-# B200's 8192^3 figure above within 1.3 %: the 8192^3 measurements the A100 and B200 use are sustained rates too.
+# bf16 MAMF with "H200 is the same"). The same source's B200 MSMF (1423.8 on one GPU alone, a mean of 5 runs; node
+# 1439) agrees with the B200's 8192^3 figure above within 1.3 %: the 8192^3 measurements the A100 and B200 use are
+# sustained rates too.
 # The 500 W H100 keeps its own measurement (FBGEMM's 585.23 at 8192^3): the power exponent below is solved from
 # these two sustained points.
 HOPPER_700W_MSMF_BF16 = 755.0
