@@ -251,6 +251,20 @@ class Plan:
         return 2 if self.cfg.training.mixed_precision_param == "bfloat16" else 4
 
     @property
+    def autocast(self) -> bool:
+        """Mixed precision by torch.autocast rather than FSDP2: FSDP is applied only with dp_shard x cp > 1, a
+        replicate dimension or CPU offload (torchtitan/parallel/__init__.py, ParallelDims.fsdp_enabled); otherwise
+        a bf16 run keeps fp32 parameters and autocasts its matmuls (parallel/mixed_precision.py)."""
+        fsdp = self.fsdp_degree > 1 or self.dims.dp_replicate > 1 or self.cfg.parallelism.fsdp_cpu_offload
+        return not fsdp and self.act_bytes == 2
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes of a residual-stream element: fp32 under autocast (the embedding's fp32 output plus the blocks'
+        bf16 outputs promote to fp32), else the activation dtype FSDP's mixed precision gives every block."""
+        return 4 if self.autocast else self.act_bytes
+
+    @property
     def reduce_bytes(self) -> int:
         return 4 if self.cfg.training.mixed_precision_reduce == "float32" else 2
 
@@ -270,6 +284,7 @@ class Plan:
             tp=t,
             sequence_parallel=self.sequence_parallel,
             act_bytes=self.act_bytes,
+            stream_bytes=self.stream_bytes,
             fused_norm=not self.hw.is_cpu and self.cfg.estimate.eager_rms_norm == "fused",
             op_saves_attention=self.cfg.estimate.sac_saves_attention,
         )
