@@ -393,6 +393,24 @@ def test_autocast_stream_and_weight_copies():
     assert not fsdp.autocast and fsdp.shape.sb == 2
 
 
+@pytest.mark.slow
+def test_compiled_saved_activations_match_inductor():
+    """The compiled rules of saved_per_token against what Inductor's partitioner really saves for one compiled
+    block of this trainer (scripts/compiled_saved.py, CPU fp32): no AC keeps every matmul's input and output
+    (not w2's output), per-op AC only what the backward reads of its save list (not w2's output)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compiled_saved import saved_by_compiled_block
+
+    dim, ffn, heads, kv_heads = 256, 512, 8, 2
+    s = BlockShape(d=dim, h=dim, kv=dim * kv_heads // heads, f=ffn, heads=heads, tp=1, sequence_parallel=False,
+                   act_bytes=4)  # fmt: skip
+    rstd = 2  # the two norms' fp32 row statistics, one element per token each (not modelled: < 0.1 %)
+    for ac in ("none", "op"):
+        measured, _ = saved_by_compiled_block(ac, dim, ffn, heads, kv_heads)
+        modelled = saved_per_token(ac, s, True) / 4 - dim  # fp32 elements per token, without the block input
+        assert measured - (rstd if ac == "none" else 0) == pytest.approx(modelled), ac
+
+
 def test_fits_flips_with_memory():
     r = estimate(*EIGHT_B, "--estimate.num_devices=8", "--activation_checkpoint.mode=selective")
     assert r["fits"]

@@ -48,6 +48,9 @@ class BlockShape:
     # precision; 4 under autocast (no FSDP wrapper), where the embedding's fp32 output plus the blocks' bf16 branch
     # outputs promote the stream to fp32 (torchtitan/parallel/mixed_precision.py); 0 = act_bytes
     stream_bytes: int = 0
+    # compiled float8: the matmul-input groups whose every consumer is a float8 linear ("attn" = wq/wk/wv, "wo",
+    # "ffn" = w1/w3, "w2"); the partitioner saves their float8 casts (1 byte) instead of the bf16 tensors
+    f8_inputs: frozenset = frozenset()
 
     @property
     def sb(self) -> int:
@@ -72,16 +75,29 @@ def saved_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
         if s.op_saves_attention:
             kept += s.h + lse  # attention output + logsumexp
         kept += s.f  # w1 output (5th)
-        kept += s.d  # w2 output (7th): a full-width partial sum under TP
-        if s.tp > 1 and s.sequence_parallel:
-            kept += 2 * s.d_s  # the two reduce-scatter outputs (in the save list)
+        sp = s.tp > 1 and s.sequence_parallel
+        if not compiled:
+            # eager SAC caches every save-list output as its op runs (torch.utils.checkpoint's caching dispatch
+            # mode), needed by backward or not: w2's output (7th; a full-width partial sum under TP) and, under
+            # TP + SP, both reduce-scatter outputs
+            kept += s.d + (2 * s.d_s if sp else 0)
+        elif sp:
+            # compiled, the partitioner saves only what the backward graph reads: the attention half's
+            # reduce-scatter output (with the block input it rebuilds the FFN norm's input); nothing reads w2's
+            # output or the FFN half's reduce-scatter output (the residual add's backward needs neither)
+            kept += s.d_s
         return kept * b
     if mode == "none":
         if compiled:
-            # Inductor's partitioner keeps matmul and attention inputs/outputs and recomputes the cheap pointwise
-            # ops: norm outputs from the stream (unless gathered under TP), SiLU and the product from w1/w3 outputs.
-            norm_out = 2 * s.d if s.tp > 1 else 0
-            kept = 2 * s.d_s * stream + norm_out + (s.h + 2 * s.kv) + (s.h + lse) + 2 * s.f
+            # Inductor's min-cut partitioner saves every matmul's input and output it cannot recompute cheaply and
+            # recomputes the mid-block residual: the block input, both norm outputs (the matmuls' inputs, gathered
+            # under TP), q and k after RoPE and v, the attention output + logsumexp and wo's input (its transposed
+            # copy), w1 and w3 outputs and w2's input (the SiLU product). Measured: scripts/compiled_saved.py.
+            def inp(group: str) -> float:  # a matmul input in units of activation elements (float8: 1 byte)
+                return 1 / b if group in s.f8_inputs else 1.0
+
+            kept = s.d_s * stream + s.d * (inp("attn") + inp("ffn")) + s.h * inp("wo")
+            kept += (s.h + 2 * s.kv) + (s.h + lse) + 2 * s.f + s.f * inp("w2")
         else:
             # eager: both norms' inputs (stream), both gathered norm outputs, q and k after RoPE and v, attention
             # output + logsumexp and its transposed copy (wo's input), w1 and w3 outputs, SiLU output, product.
