@@ -363,6 +363,54 @@ def test_activation_formulas_per_mode():
     assert saved_per_token("op", s, False) == 2 * (4096 + 4096 + 1024 + 4096 + 64 + 14336 + 4096)
 
 
+def test_autocast_stream_and_weight_copies():
+    """One data-parallel rank (autocast, no FSDP wrapper): the residual stream is fp32 (block input saved at 4 B),
+    and the bf16 weight copies autocast keeps are the linears' only: none for the embedding, none for float8
+    linears, and one block's under activation checkpointing (backward recasts them)."""
+    from torchtitan.estimate.memory import autocast_weight_copies, block_modes
+
+    one = ["--model.flavor=1B", "--training.seq_len=2048", "--estimate.num_devices=1"]
+    plan = build_plan(parse_args([*H100, *one]))
+    assert plan.autocast and plan.shape.sb == 4
+    assert saved_per_token("full", plan.shape, True) == plan.shape.d * 4
+    blk = sum(lin.in_features * lin.out_features for lin in plan.block_linears) * 2
+    head = plan.args.vocab_size * plan.args.dim * 2
+    n = plan.args.n_layers
+
+    def copies(p, mode="none", option="op"):
+        return autocast_weight_copies(p, n, True, block_modes(mode, option, n))
+
+    assert copies(plan) == pytest.approx(n * blk + head)  # no embedding copy
+    assert copies(plan, "full") == pytest.approx(blk + head)
+    assert copies(plan, "selective", "op") == pytest.approx(blk + head)
+    assert copies(plan, "selective", "2") == pytest.approx((n // 2 + 1) * blk + head)
+    f8 = build_plan(parse_args([*H100, *one, "--float8.enable=true"]))
+    # a converted linear casts its fp32 weight straight to float8; the filter leaves the small ones (and the head) bf16
+    bf16_only = sum(lin.in_features * lin.out_features for lin in f8.block_linears if not lin.float8) * 2
+    assert bf16_only < blk / 4
+    assert copies(f8) == pytest.approx(n * bf16_only + head)
+    fsdp = build_plan(parse_args([*H100, *one[:-1], "--estimate.num_devices=8"]))
+    assert not fsdp.autocast and fsdp.shape.sb == 2
+
+
+@pytest.mark.slow
+def test_compiled_saved_activations_match_inductor():
+    """The compiled rules of saved_per_token against what Inductor's partitioner really saves for one compiled
+    block of this trainer (scripts/compiled_saved.py, CPU fp32): no AC keeps every matmul's input and output
+    (not w2's output), per-op AC only what the backward reads of its save list (not w2's output)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compiled_saved import saved_by_compiled_block
+
+    dim, ffn, heads, kv_heads = 256, 512, 8, 2
+    s = BlockShape(d=dim, h=dim, kv=dim * kv_heads // heads, f=ffn, heads=heads, tp=1, sequence_parallel=False,
+                   act_bytes=4)  # fmt: skip
+    rstd = 2  # the two norms' fp32 row statistics, one element per token each (not modelled: < 0.1 %)
+    for ac in ("none", "op"):
+        measured, _ = saved_by_compiled_block(ac, dim, ffn, heads, kv_heads)
+        modelled = saved_per_token(ac, s, True) / 4 - dim  # fp32 elements per token, without the block input
+        assert measured - (rstd if ac == "none" else 0) == pytest.approx(modelled), ac
+
+
 def test_fits_flips_with_memory():
     r = estimate(*EIGHT_B, "--estimate.num_devices=8", "--activation_checkpoint.mode=selective")
     assert r["fits"]

@@ -44,6 +44,18 @@ class BlockShape:
     fused_norm: bool = True
     # selective "op" keeps the attention output (false: the SDPA op is not in the save list and is recomputed)
     op_saves_attention: bool = True
+    # bytes of a residual-stream element between and inside blocks: the activation dtype under FSDP's mixed
+    # precision; 4 under autocast (no FSDP wrapper), where the embedding's fp32 output plus the blocks' bf16 branch
+    # outputs promote the stream to fp32 (torchtitan/parallel/mixed_precision.py); 0 = act_bytes
+    stream_bytes: int = 0
+    # compiled float8: the matmul-input groups whose every consumer is a float8 linear ("attn" = wq/wk/wv, "wo",
+    # "ffn" = w1/w3, "w2"); the partitioner saves their float8 casts (1 byte) instead of the bf16 tensors
+    f8_inputs: frozenset = frozenset()
+
+    @property
+    def sb(self) -> int:
+        """Bytes of one residual-stream element."""
+        return self.stream_bytes or self.act_bytes
 
     @property
     def d_s(self) -> float:
@@ -54,28 +66,42 @@ def saved_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
     """Bytes one block keeps for backward per token, in `mode` ('none', 'full' or 'op')."""
     b = s.act_bytes
     lse = 4 * s.heads / b  # attention's fp32 logsumexp per query row, in units of activation elements
+    stream = s.sb / b  # a residual-stream element in units of activation elements
     if mode == "full":
-        return s.d_s * b  # the checkpointed block's input
+        return s.d_s * s.sb  # the checkpointed block's input
     if mode == "op":
-        kept = s.d_s  # block input (checkpoint input)
+        kept = s.d_s * stream  # block input (checkpoint input)
         kept += s.h + s.kv  # wq and wv outputs (1st and 3rd matmul)
         if s.op_saves_attention:
             kept += s.h + lse  # attention output + logsumexp
         kept += s.f  # w1 output (5th)
-        kept += s.d  # w2 output (7th): a full-width partial sum under TP
-        if s.tp > 1 and s.sequence_parallel:
-            kept += 2 * s.d_s  # the two reduce-scatter outputs (in the save list)
+        sp = s.tp > 1 and s.sequence_parallel
+        if not compiled:
+            # eager SAC caches every save-list output as its op runs (torch.utils.checkpoint's caching dispatch
+            # mode), needed by backward or not: w2's output (7th; a full-width partial sum under TP) and, under
+            # TP + SP, both reduce-scatter outputs
+            kept += s.d + (2 * s.d_s if sp else 0)
+        elif sp:
+            # compiled, the partitioner saves only what the backward graph reads: the attention half's
+            # reduce-scatter output (with the block input it rebuilds the FFN norm's input); nothing reads w2's
+            # output or the FFN half's reduce-scatter output (the residual add's backward needs neither)
+            kept += s.d_s
         return kept * b
     if mode == "none":
         if compiled:
-            # Inductor's partitioner keeps matmul and attention inputs/outputs and recomputes the cheap pointwise
-            # ops: norm outputs from the stream (unless gathered under TP), SiLU and the product from w1/w3 outputs.
-            norm_out = 2 * s.d if s.tp > 1 else 0
-            kept = 2 * s.d_s + norm_out + (s.h + 2 * s.kv) + (s.h + lse) + 2 * s.f
+            # Inductor's min-cut partitioner saves every matmul's input and output it cannot recompute cheaply and
+            # recomputes the mid-block residual: the block input, both norm outputs (the matmuls' inputs, gathered
+            # under TP), q and k after RoPE and v, the attention output + logsumexp and wo's input (its transposed
+            # copy), w1 and w3 outputs and w2's input (the SiLU product). Measured: scripts/compiled_saved.py.
+            def inp(group: str) -> float:  # a matmul input in units of activation elements (float8: 1 byte)
+                return 1 / b if group in s.f8_inputs else 1.0
+
+            kept = s.d_s * stream + s.d * (inp("attn") + inp("ffn")) + s.h * inp("wo")
+            kept += (s.h + 2 * s.kv) + (s.h + lse) + 2 * s.f + s.f * inp("w2")
         else:
             # eager: both norms' inputs (stream), both gathered norm outputs, q and k after RoPE and v, attention
             # output + logsumexp and its transposed copy (wo's input), w1 and w3 outputs, SiLU output, product.
-            kept = 2 * s.d_s + 2 * s.d + (s.h + 2 * s.kv) + (2 * s.h + lse) + 4 * s.f
+            kept = 2 * s.d_s * stream + 2 * s.d + (s.h + 2 * s.kv) + (2 * s.h + lse) + 4 * s.f
             if not s.fused_norm:  # composite RMSNorm keeps the fp32 upcast input and the normalized tensor
                 kept += 2 * (4 / b) * s.d_s
         return kept * b

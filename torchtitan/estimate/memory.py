@@ -173,6 +173,33 @@ def state_bytes(plan: Plan, rank: int, fsdp_index: int = 0) -> dict[str, float]:
     }
 
 
+def autocast_weight_copies(plan: Plan, n_blocks: int, has_head: bool, modes: list[str]) -> float:
+    """Bytes of the bf16 weight copies autocast makes that are alive at the start of backward (no FSDP wrapper).
+
+    Autocast casts the inputs of the ops on its lower-precision list (linear, matmul, mm, ...; torch's "Automatic
+    Mixed Precision package" op reference): each linear's fp32 weight once per forward, kept by autograd for the
+    input gradient. The embedding lookup is not on the list: its table is never copied. A float8-converted linear
+    casts its fp32 weight straight to float8 and saves the fp32 weight itself for backward (torchao
+    float8/float8_linear.py, `matmul_with_hp_or_float8_args`): no bf16 copy. A checkpointed block (full, or
+    selective per-op, whose policy recomputes every op outside its save list, the cast `_to_copy` included:
+    torchtitan/parallel/activation_checkpoint.py) keeps none: backward recasts them, one block at a time.
+    """
+    lin_bytes = (
+        sum(
+            lin.in_features * lin.out_features
+            for lin in plan.block_linears
+            if not (plan.float8 and lin.float8)
+        )
+        / plan.tp
+        * plan.act_bytes
+    )
+    kept = sum(1 for m in modes if m == "none")
+    copies = kept * lin_bytes + (lin_bytes if kept < n_blocks else 0.0)  # + the block recasting in backward
+    if has_head:  # the output linear (a tied head casts the embedding table: its copy all the same)
+        copies += plan.head.in_features * plan.head.out_features / plan.tp * plan.act_bytes
+    return copies
+
+
 def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     """Bytes of every component at the peak on pipeline rank `rank` (0 without PP)."""
     eff, s = plan.eff, plan.shape
@@ -215,9 +242,13 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     gathered = 0.0
     grads = MASTER_BYTES * p_local if accumulating else 0.0
     if not sharded:
-        # nothing sharded (issue 10: no FSDP wrapper, autocast): bf16 copies of every weight live through
-        # forward and backward; the unsharded fp32 gradients fill up during backward (counted at the end of it).
-        gathered = p_rank * (plan.act_bytes if plan.act_bytes == 2 else 0)
+        # nothing sharded: the unsharded fp32 gradients fill up during backward (counted at the end of it). Without
+        # an FSDP wrapper (issue 10: autocast) the weights' bf16 copies are `autocast_weight_copies`; FSDP applied
+        # on one shard (replicate-only, or CPU offload) keeps a bf16 copy of every weight.
+        if plan.autocast:
+            gathered = autocast_weight_copies(plan, n_blocks, has_head, modes)
+        else:
+            gathered = p_rank * (plan.act_bytes if plan.act_bytes == 2 else 0)
         grad_buffers = 0.0
     else:
         if keep_blocks:

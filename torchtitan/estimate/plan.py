@@ -251,6 +251,29 @@ class Plan:
         return 2 if self.cfg.training.mixed_precision_param == "bfloat16" else 4
 
     @property
+    def autocast(self) -> bool:
+        """Mixed precision by torch.autocast rather than FSDP2: FSDP is applied only with dp_shard x cp > 1, a
+        replicate dimension or CPU offload (torchtitan/parallel/__init__.py, ParallelDims.fsdp_enabled); otherwise
+        a bf16 run keeps fp32 parameters and autocasts its matmuls (parallel/mixed_precision.py)."""
+        fsdp = self.fsdp_degree > 1 or self.dims.dp_replicate > 1 or self.cfg.parallelism.fsdp_cpu_offload
+        return not fsdp and self.act_bytes == 2
+
+    @property
+    def float8_saved_inputs(self) -> frozenset:
+        """Compiled float8 blocks: the matmul-input groups all of whose linears are converted (BlockShape.f8_inputs)."""
+        if not (self.float8 and self.compile_model):
+            return frozenset()
+        conv = {lin.name: lin.float8 for lin in self.block_linears}
+        groups = {"attn": ("wq", "wk", "wv"), "wo": ("wo",), "ffn": ("w1", "w3"), "w2": ("w2",)}
+        return frozenset(g for g, names in groups.items() if all(conv.get(n, False) for n in names))
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes of a residual-stream element: fp32 under autocast (the embedding's fp32 output plus the blocks'
+        bf16 outputs promote to fp32), else the activation dtype FSDP's mixed precision gives every block."""
+        return 4 if self.autocast else self.act_bytes
+
+    @property
     def reduce_bytes(self) -> int:
         return 4 if self.cfg.training.mixed_precision_reduce == "float32" else 2
 
@@ -270,6 +293,8 @@ class Plan:
             tp=t,
             sequence_parallel=self.sequence_parallel,
             act_bytes=self.act_bytes,
+            stream_bytes=self.stream_bytes,
+            f8_inputs=self.float8_saved_inputs,
             fused_norm=not self.hw.is_cpu and self.cfg.estimate.eager_rms_norm == "fused",
             op_saves_attention=self.cfg.estimate.sac_saves_attention,
         )
