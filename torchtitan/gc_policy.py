@@ -5,7 +5,8 @@ cyclic GC tracks, and the automatic collections their allocation triggers walk t
 those imports took 3.2 CPU-s with the GC on and 2.3 with it paused (this project's 2-core CPU VM, torch 2.13). So
 an entry point calls `pause()` before its imports, and the run calls `resume()` once it is built; the one
 collection that ends the pause walks everything once (0.2 s). Measured on the debug model's 4-step run
-(docs/performance.md, "Start-up"): 0.3-0.4 CPU-s less per process, peak RSS within 3 MB of the automatic GC's.
+(docs/performance.md, "Python's cyclic GC paused through start-up"): 3.75 -> 3.33 CPU-s per process, peak RSS
++1.5 MiB.
 
 Training. The trainer leaves automatic collection off (`training.gc_freq` > 0) and collects at fixed steps, on
 all ranks at once, instead of a ~100 ms pause at a random step of a random rank (train.py).
