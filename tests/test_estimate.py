@@ -411,6 +411,21 @@ def test_compiled_saved_activations_match_inductor():
         assert measured - (rstd if ac == "none" else 0) == pytest.approx(modelled), ac
 
 
+def test_loss_buffers_freed_before_the_last_block_backward():
+    """The fact docs/estimate.md ("The compiled loss and the logits") reports, on the trainer's own loss path
+    (scripts/loss_buffers_lifetime.py, eager, full AC): no [tokens, vocab] tensor of the loss region is alive when
+    the last block's backward starts, while the logits' gradient still is when the head's backward starts."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from loss_buffers_lifetime import measure
+
+    moments = measure(compile_=False, vocab=4096, batch=1, seq=64)
+    control = moments.pop("control: the logits' gradient arrives")
+    assert any(alive and what == "logits' gradient" for what, _, _, alive in control)
+    assert len(moments) == 2 and all(len(rows) == len(control) for rows in moments.values())
+    for moment, rows in moments.items():
+        assert not any(alive for *_, alive in rows), moment
+
+
 def test_fits_flips_with_memory():
     r = estimate(*EIGHT_B, "--estimate.num_devices=8", "--activation_checkpoint.mode=selective")
     assert r["fits"]
