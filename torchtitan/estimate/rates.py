@@ -388,13 +388,6 @@ def _interp(seq: float, ys: tuple[float, ...]) -> float:
     return _interp_on(seq, FA_SEQ, ys)
 
 
-def _h100_tflops(seq: float, backward: bool, causal: bool) -> float:
-    fwd_c = _interp(seq, FA2_H100_FWD_CAUSAL)
-    if backward:
-        return _interp(seq, FA2_H100_BWD) * (fwd_c / _interp(seq, FA2_H100_FWD) if causal else 1.0)
-    return fwd_c if causal else _interp(seq, FA2_H100_FWD)
-
-
 # Hopper (H100, H200; sm90), by head dim and SDPA backend. FlashAttention-2 at head dims 64 and 128, and cuDNN at
 # head dim 64: the same FlashAttention-3 paper figures (arXiv 2407.08608, Figure 5: forward, non-causal and causal,
 # head dims 64 / 128 / 256; Figure 6: backward, non-causal; H100 80GB SXM5, bf16, batch x seq = 16K tokens, hidden
@@ -458,6 +451,11 @@ def _hopper_at(seq: float, backward: bool, causal: bool, head_dim: int, backend:
     if bwd_c is not None:
         return _interp_on(seq, xs, bwd_c)
     return _interp_on(seq, xs, bwd) * _interp_on(seq, xs, fwd_c) / _interp_on(seq, xs, fwd)
+
+
+def _h100_tflops(seq: float, backward: bool, causal: bool) -> float:
+    """FlashAttention-2 on an H100 at head dim 128 (FA2_H100_*): the curve the other devices' FA2 rates scale."""
+    return _hopper_at(seq, backward, causal, 128, "flash")
 
 
 def _hopper_tflops(seq: float, backward: bool, causal: bool, head_dim: int, backend: str) -> float:
