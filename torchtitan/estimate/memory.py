@@ -7,8 +7,10 @@ The peak is the larger of two moments:
   optimizer step  parameters, gradients, both AdamW moments and the optimizer's temporaries (foreach: one fp32
                   copy of the parameters; fused: none).
 Figures are what CUDA's caching allocator reserves (torch.cuda.max_memory_reserved, what the trainer logs as
-memory/max_reserved_gib): allocated bytes x (1 + fragmentation) + fixed pools. On CPU the figure is the process's
-resident set: the measured runtime baseline (Python, torch, data libraries) plus the allocated bytes.
+memory/max_reserved_gib): allocated bytes x (1 + fragmentation) + fixed pools. The allocator caches freed blocks
+per stream, and FSDP2 allocates the sharded gradients in its reduce-scatter stream (`reduce_scatter_pool_bytes`),
+so on a GPU they add to both moments rather than reuse what the compute stream freed. On CPU the figure is the
+process's resident set: the measured runtime baseline (Python, torch, data libraries) plus the allocated bytes.
 """
 
 from __future__ import annotations
@@ -200,6 +202,26 @@ def autocast_weight_copies(plan: Plan, n_blocks: int, has_head: bool, modes: lis
     return copies
 
 
+def reduce_scatter_pool_bytes(plan: Plan, p_local: float) -> float:
+    """Bytes the caching allocator holds for FSDP2's reduce-scatter stream: the sharded gradients.
+
+    FSDP2 allocates each reduce-scatter's output, which becomes the sharded gradient (a view of it, in the reduce
+    dtype, cast to the parameters' fp32 on the same stream when they differ), inside its reduce-scatter stream
+    (torch 2.13, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py `foreach_reduce`: "the GPU sharded
+    gradient is allocated in the RS stream"); its author: the outputs "are still allocated in the separate
+    reduce_scatter stream ... we iteratively allocate them through backward and free them altogether after
+    optimizer" (pytorch/pytorch#129721, which moved the larger reduce-scatter input to the default stream). CUDA's
+    caching allocator serves an allocation only from blocks cached for the same stream, so the compute stream never
+    reuses these blocks after zero_grad frees them, nor the reduce-scatter stream the activations' blocks: reserved
+    memory is the compute stream's peak plus 4 B per local parameter. CPU has no streams (the gradients reuse what
+    the step freed, as before); no FSDP wrapper (autocast) leaves the gradients to autograd on the compute stream;
+    CPU offload moves them to the host.
+    """
+    if plan.hw.is_cpu or not plan.fsdp_wrapped or plan.cfg.parallelism.fsdp_cpu_offload:
+        return 0.0
+    return MASTER_BYTES * p_local
+
+
 def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     """Bytes of every component at the peak on pipeline rank `rank` (0 without PP)."""
     eff, s = plan.eff, plan.shape
@@ -273,6 +295,11 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         widest = max(lin.in_features + lin.out_features for lin in plan.block_linears if lin.float8) / plan.tp
         f8 = 2 * tokens * widest  # 1 byte each, plus the transposed copy for the weight gradient
 
+    # the sharded gradients, in the reduce-scatter stream's own pool on a GPU (at both moments), else on the
+    # compute stream (at the start of backward only when micro-steps accumulate into them)
+    rs_pool = reduce_scatter_pool_bytes(plan, p_local)
+    if rs_pool:
+        grads = rs_pool
     backward_start = params + states + grads + acts + logits + fsdp + f8
     # gradients + the optimizer's temporaries (reported under "gradients")
     step_grads = (MASTER_BYTES + ADAMW_TEMP_BYTES.get(plan.cfg.optimizer.implementation, 4)) * p_local

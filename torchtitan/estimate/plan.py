@@ -251,12 +251,16 @@ class Plan:
         return 2 if self.cfg.training.mixed_precision_param == "bfloat16" else 4
 
     @property
+    def fsdp_wrapped(self) -> bool:
+        """FSDP2 is applied: with dp_shard x cp > 1, a replicate dimension or CPU offload
+        (torchtitan/parallel/__init__.py, ParallelDims.fsdp_enabled)."""
+        return self.fsdp_degree > 1 or self.dims.dp_replicate > 1 or self.cfg.parallelism.fsdp_cpu_offload
+
+    @property
     def autocast(self) -> bool:
-        """Mixed precision by torch.autocast rather than FSDP2: FSDP is applied only with dp_shard x cp > 1, a
-        replicate dimension or CPU offload (torchtitan/parallel/__init__.py, ParallelDims.fsdp_enabled); otherwise
-        a bf16 run keeps fp32 parameters and autocasts its matmuls (parallel/mixed_precision.py)."""
-        fsdp = self.fsdp_degree > 1 or self.dims.dp_replicate > 1 or self.cfg.parallelism.fsdp_cpu_offload
-        return not fsdp and self.act_bytes == 2
+        """Mixed precision by torch.autocast rather than FSDP2: without an FSDP wrapper a bf16 run keeps fp32
+        parameters and autocasts its matmuls (parallel/mixed_precision.py)."""
+        return not self.fsdp_wrapped and self.act_bytes == 2
 
     @property
     def float8_saved_inputs(self) -> frozenset:
