@@ -25,12 +25,13 @@ REF = load_reference()
 CV = cross_validated(REF)
 
 _PP_MEM = (
-    "405B 1F1B on PP 8 with float8 all-gather (-19.2 %): the published peak (the maximum over all GPUs) is 82.5 GiB,"
+    "405B 1F1B on PP 8 with float8 all-gather (-16.6 %; -19.2 % before the reduce-scatter stream's pool of sharded"
+    " gradients was counted): the published peak (the maximum over all GPUs) is 82.5 GiB,"
     " 10 GiB above its interleaved twin's (estimated within 5 % once the last stage keeps every micro-batch's"
     " output, as torch's pipelining of the table did, and the stages' receive buffers are counted); the model's"
     " states, the stage's unsharded float8 weights and fp32 gradient accumulation, 8 in-flight micro-batches of"
-    " 15-16 fully checkpointed blocks (first rank) or 8 kept outputs (last rank) and the boundary buffers leave"
-    " 16 GiB of the 1F1B rank unexplained"
+    " 15-16 fully checkpointed blocks (first rank) or 8 kept outputs (last rank), the boundary buffers and the"
+    " sharded gradients' pool leave 14 GiB of the 1F1B rank unexplained"
 )
 _MI300X = (
     "MI300X (+40..+44 %, the same for bf16, tensorwise and rowwise: float8's extra work is priced right, the"
@@ -134,9 +135,9 @@ _SAGEMAKER = (
 )
 _AWS_MEM = (
     "AWS's torchtitan test case (Llama 3 8B, local batch 1, FSDP 32 on 4 x p5.48xlarge; out of sample: memory"
-    " -43.8 % eager, -41.6 % compiled, while its tokens/s fit, +7.0 / +7.7 %): the logged max reserved at step"
+    " -42.4 % eager, -42.7 % compiled, while its tokens/s fit, +7.0 / +7.7 %): the logged max reserved at step"
     " 1990 (68.57 / 63.48 GiB) is 21 GiB above torchao's 8-GPU batch-1 run of the same weeks (47.65 GiB, estimated"
-    " within 4 %) although 32-way sharding keeps a quarter of the states per GPU; torchtitan's own table puts batch"
+    " within 2 %) although 32-way sharding keeps a quarter of the states per GPU; torchtitan's own table puts batch"
     " 2 on 128 GPUs at 67.0 GiB. The README states the default llama3_8b.toml (batch 1); what else the run held"
     " (a changed batch, allocator growth over 2,000 steps) is not stated: not explained"
 )
