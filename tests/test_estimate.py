@@ -63,6 +63,20 @@ def test_estimate_section_parses_strictly_and_shows_in_help():
         assert key in text
 
 
+def test_goodput_stretches_gpu_hours_and_days():
+    """GPU-hours and days are the productive time over the expected goodput/percent (docs/metrics.md); a value
+    outside (0, 100] is refused with the key named."""
+    argv = [*EIGHT_B, "--estimate.num_devices=8", "--estimate.total_tokens=1e12"]
+    full, ninety = estimate(*argv), estimate(*argv, "--estimate.goodput_percent=90")
+    assert ninety["tokens_per_sec_per_device"] == full["tokens_per_sec_per_device"]  # a step is a step
+    assert ninety["gpu_hours"] == pytest.approx(full["gpu_hours"] / 0.9)
+    assert ninety["days"] == pytest.approx(full["days"] / 0.9)
+    assert (full["goodput_percent"], ninety["goodput_percent"]) == (100.0, 90.0)
+    for bad in ("0", "120", "-5"):
+        with pytest.raises(UserError, match=r"estimate.goodput_percent = .* must be in \(0, 100\]"):
+            estimate(*argv, f"--estimate.goodput_percent={bad}")
+
+
 def test_json_has_the_issue_keys_and_gpu_hours(tmp_path):
     out = tmp_path / "e.json"
     r = subprocess.run(

@@ -397,6 +397,11 @@ class Estimate:
     total_tokens: float | None = opt(
         None, "training tokens of the whole run, for gpu_hours and days (e.g. 15e12)"
     )
+    goodput_percent: float = opt(
+        100.0,
+        "expected goodput/percent of the run (docs/metrics.md, 'Goodput': productive steps over the wall clock,"
+        " restarts and saves included); gpu_hours and days are the productive time divided by it",
+    )
     json: str | None = opt(None, "also write the estimate as JSON to this file")
     search: bool = opt(
         False,

@@ -354,6 +354,8 @@ def build_plan(
         raise UserError(f"estimate.num_devices = {est.num_devices} must be >= 1")
     if est.devices_per_node is not None and est.devices_per_node < 1:
         raise UserError(f"estimate.devices_per_node = {est.devices_per_node} must be >= 1 or none")
+    if not 0 < est.goodput_percent <= 100:
+        raise UserError(f"estimate.goodput_percent = {est.goodput_percent} must be in (0, 100]")
     hw = resolve_hardware(est, calibration, require_rates)
     args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims = ParallelDims.from_config(cfg.parallelism, est.num_devices)

@@ -45,6 +45,7 @@ def training_report(r: dict) -> str:
         lines.append(
             f"run        {r['total_tokens']:.3g} tokens: {r['gpu_hours']:,.0f} device-hours, {r['days']:.1f} days"
             f" on {hw['num_devices']} devices"
+            + (f" at {r['goodput_percent']:g} % goodput" if r["goodput_percent"] < 100 else "")
         )
     return "\n".join(lines)
 

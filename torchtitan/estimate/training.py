@@ -97,8 +97,10 @@ def estimate_plan(plan: Plan) -> dict:
         out["mfu_percent_fp8_mixed"] = m["mfu/percent_fp8_mixed"]
     total = cfg.estimate.total_tokens
     if total is not None:
-        tps = out["tokens_per_sec_per_device"]
+        # wall clock = productive step time / goodput (restarts, re-done steps, saves, validation, init)
+        tps = out["tokens_per_sec_per_device"] * cfg.estimate.goodput_percent / 100
         out["total_tokens"] = total
+        out["goodput_percent"] = cfg.estimate.goodput_percent
         out["gpu_hours"] = total / tps / 3600
         out["days"] = total / (tps * dims.world_size) / 86400
     return out
