@@ -231,12 +231,19 @@ def test_sharded_gradients_sit_in_the_reduce_scatter_streams_pool():
     argv = ["--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=1",
             "--activation_checkpoint.mode=selective"]  # fmt: skip
     plans = {n: build_plan(parse_args([*H100, *argv, f"--estimate.num_devices={n}"])) for n in (8, 128)}
-    for n, plan in plans.items():
+    for plan in plans.values():
         p_local = rank_params(plan, 0)[1]
         assert reduce_scatter_pool_bytes(plan, p_local) == MASTER_BYTES * p_local
-    g = {n: estimate(*argv, f"--estimate.num_devices={n}")["memory_breakdown_gib"]["gradients"] for n in (8, 128)}
-    assert g[8] == pytest.approx(8.03e9 * 4 / 8 / 2**30, rel=0.01) and g[8] == pytest.approx(16 * g[128], rel=0.01)
-    cpu = build_plan(parse_args([*argv, "--estimate.hardware=cpu", "--estimate.num_devices=8"]), require_rates=False)
+    g = {
+        n: estimate(*argv, f"--estimate.num_devices={n}")["memory_breakdown_gib"]["gradients"]
+        for n in (8, 128)
+    }
+    assert g[8] == pytest.approx(8.03e9 * 4 / 8 / 2**30, rel=0.01) and g[8] == pytest.approx(
+        16 * g[128], rel=0.01
+    )
+    cpu = build_plan(
+        parse_args([*argv, "--estimate.hardware=cpu", "--estimate.num_devices=8"]), require_rates=False
+    )
     offload = build_plan(parse_args([*H100, *argv, "--estimate.num_devices=8",
                                      "--parallelism.fsdp_cpu_offload=true"]))  # fmt: skip
     single = build_plan(parse_args([*H100, *argv, "--estimate.num_devices=1"]))
