@@ -3,7 +3,9 @@
 Compute rates (GEMMs by shape and dtype, flash attention by sequence length, power limits) are published
 microbenchmarks in torchtitan/estimate/rates.py. What stays here are fractions of datasheet bandwidths and
 structural constants, each with its basis; none is chosen by fitting the reference rows of
-tests/estimate_reference.toml (validation.FITTED lists the constants that are, and it is empty).
+tests/estimate_reference.toml (validation.FITTED lists the constants that are, and it is empty). Two were set
+earlier looking at gpt-fast's decode rows and have no independent source yet: decode_hbm_int8 and
+decode_layer_overhead_us (docs/estimate.md, "Decode kernels' bandwidth, second search").
 `--estimate.calibrate` replaces the compute and bandwidth rates by measurements on the devices present
 (torchtitan/estimate/calibrate.py); the structural constants (overlap, fragmentation) stay.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# ---- decode kernels' bandwidth (docs/estimate.md, "Decode kernels' bandwidth") ----
+# ---- decode kernels' bandwidth (docs/estimate.md, "Decode kernels' bandwidth, second search") ----
 # bf16 decode: gpt-fast's "peak bandwidth is about 1700 GB/s" on its 330 W A100 (of 2,039).
 DECODE_HBM_BF16 = 0.83
 # int4 weight-only (torch's _weight_int4pack_mm, tinygemm: gpt-fast's and torchao's int4 kernel). Marlin's README
