@@ -20,15 +20,16 @@ DECODE_HBM_BF16 = 0.83
 # int4 weight-only (torch's _weight_int4pack_mm, tinygemm: gpt-fast's and torchao's int4 kernel). Marlin's README
 # (IST-DASLab/marlin ac6988b, 2024-01-17, assets/peak.png and assets/sustained.png: "16bit x 4bit (group=128) mul
 # with 72k x 18k matrix on NVIDIA A10", speedup over fp16 PyTorch calling CUTLASS) plots "torch-nightly" -- torch's
-# one 4-bit kernel then, tinygemm -- at batch 1 at 3.59x with the GPU at its boost clock and 3.0x with the clocks
-# locked at base (read off the plots; Marlin itself at 3.88x and 3.86x, about the ideal). tinygemm reads 4.25 bits per
-# weight at group 128 (a bf16 scale and zero per group) where fp16 reads 16, so it sustains speedup / (16 / 4.25) of
-# the fp16 kernel's bandwidth: 0.95 at boost, 0.80 at base clock. What limits it is dequantization work per byte
-# (the README: lower clocks "significantly harm the relative speedups of prior kernels"), and an A100 asks more of
-# each SM than either A10 point: 2,039 GB/s over 108 SMs at (at most) 1.41 GHz is 13.4 bytes per SM-cycle, the A10
-# 600 GB/s over 72 SMs at 1.695 GHz (boost) 4.9 and at 0.885 GHz (base) 9.4. The nearer point, base clock, is taken
-# (an upper bound by that trend); the group-32 layout's extra scales are counted as bytes (inference.py).
-TINYGEMM_SPEEDUP_A10_BASE_CLOCK = 3.0
+# one 4-bit kernel then, tinygemm -- at batch 1 at 3.59x with the GPU at its boost clock and 3.02x with the clocks
+# locked at base (read off the plots by pixel against the grid; Marlin itself at 3.88x and 3.86x, about the ideal).
+# tinygemm reads 4.25 bits per weight at group 128 (a bf16 scale and zero per group) where fp16 reads 16, so it
+# sustains speedup / (16 / 4.25) of the fp16 kernel's bandwidth: 0.95 at boost, 0.80 at base clock. What limits it
+# is dequantization work per byte (the README: lower clocks "significantly harm the relative speedups of prior
+# kernels"), and an A100 asks more of each SM than either A10 point: 2,039 GB/s over 108 SMs at (at most) 1.41 GHz
+# is 13.4 bytes per SM-cycle, the A10's 600 GB/s over 72 SMs 4.9 at 1.695 GHz (boost) and 9.4 at 0.885 GHz (base).
+# The nearer point, base clock, is taken (an upper bound by that trend); the group-32 layout's extra scales are
+# counted as bytes (inference.py), their per-group work is not.
+TINYGEMM_SPEEDUP_A10_BASE_CLOCK = 3.02
 TINYGEMM_G128_BITS_PER_WEIGHT = 4.0 + 2 * 16 / 128
 DECODE_HBM_INT4 = round(
     DECODE_HBM_BF16 * TINYGEMM_SPEEDUP_A10_BASE_CLOCK * TINYGEMM_G128_BITS_PER_WEIGHT / 16, 2
@@ -69,7 +70,7 @@ class Efficiency:
     # weight-only int8 (Inductor's fused dequantize + GEMV): no measurement of that kernel independent of gpt-fast's
     # and torchao's decode tables was found; set looking at gpt-fast's rows (docs/estimate.md)
     decode_hbm_int8: float = 0.65
-    decode_hbm_int4: float = DECODE_HBM_INT4  # 0.66: tinygemm at 0.80 of the fp16 GEMV's bandwidth (above)
+    decode_hbm_int4: float = DECODE_HBM_INT4  # 0.67: tinygemm at 0.80 of the fp16 GEMV's bandwidth (above)
     # fixed per layer and decode step (kernel tails under CUDA graphs); like int8, set looking at gpt-fast's rows
     decode_layer_overhead_us: float = 55.0
 
