@@ -535,6 +535,16 @@ def test_int4_decode_bandwidth_is_tinygemms_measured_ratio_to_fp16():
     assert a10_boost < a10_base < a100
 
 
+def test_int8_decode_bandwidth_is_inductors_measured_gemv_ratio():
+    """decode_hbm_int8 is the bf16 decode fraction times the bandwidth of Inductor's fused int8 dequantize + GEMV
+    relative to the bf16 GEMV, as PyTorch's gpt-fast microbenchmark measured them on its A100 CI runner
+    (pytorch/pytorch#128002: gemv_int8 984.06 GB/s, gemv_bfloat16 1137.92 GB/s)."""
+    assert DEFAULT.decode_hbm_int8 == pytest.approx(DEFAULT.decode_hbm_bf16 * 984.06 / 1137.92, abs=0.005)
+    assert DEFAULT.decode_hbm_int8 == pytest.approx(0.72)
+    # the quantized kernels sustain less of the bandwidth than the bf16 GEMV, int4 (more unpacking) less than int8
+    assert DEFAULT.decode_hbm_bf16 > DEFAULT.decode_hbm_int8 > DEFAULT.decode_hbm_int4
+
+
 def test_inference_keys_and_behaviour(tmp_path, capsys):
     out = tmp_path / "i.json"
     assert estimate_main(["--model.flavor=8B", "--estimate.mode=inference", "--estimate.hardware=a100",

@@ -3,9 +3,9 @@
 Compute rates (GEMMs by shape and dtype, flash attention by sequence length, power limits) are published
 microbenchmarks in torchtitan/estimate/rates.py. What stays here are fractions of datasheet bandwidths and
 structural constants, each with its basis; none is chosen by fitting the reference rows of
-tests/estimate_reference.toml (validation.FITTED lists the constants that are, and it is empty). Two were set
-earlier looking at gpt-fast's decode rows and have no independent source yet: decode_hbm_int8 and
-decode_layer_overhead_us (docs/estimate.md, "Decode kernels' bandwidth, second search").
+tests/estimate_reference.toml (validation.FITTED lists the constants that are, and it is empty). One was set
+earlier looking at gpt-fast's decode rows and has no independent source yet: decode_layer_overhead_us
+(docs/estimate.md, "Decode kernels' bandwidth, second search").
 `--estimate.calibrate` replaces the compute and bandwidth rates by measurements on the devices present
 (torchtitan/estimate/calibrate.py); the structural constants (overlap, fragmentation) stay.
 """
@@ -17,6 +17,13 @@ from dataclasses import dataclass
 # ---- decode kernels' bandwidth (docs/estimate.md, "Decode kernels' bandwidth, second search") ----
 # bf16 decode: gpt-fast's "peak bandwidth is about 1700 GB/s" on its 330 W A100 (of 2,039).
 DECODE_HBM_BF16 = 0.83
+# int8 weight-only (Inductor's fused dequantize + GEMV, what gpt-fast's and torchao's int8 linears compile to at
+# batch 1): PyTorch's own microbenchmark of that kernel, benchmarks/gpt_fast/benchmark.py `run_gemv` (`W.to(x.dtype)
+# @ x` compiled with coordinate_descent_tuning, square D x D weights, D = 1024, 4096, 8192, 16384, bytes of W over
+# the kernel time, averaged over D), measured on the CI's A100 in pytorch/pytorch#128002 (2024-06-05): int8
+# 984.06 GB/s, bfloat16 1137.92 GB/s. The int8 kernel sustains 0.865 of the bf16 GEMV's bandwidth.
+GEMV_INT8_GBPS, GEMV_BF16_GBPS = 984.06, 1137.92
+DECODE_HBM_INT8 = round(DECODE_HBM_BF16 * GEMV_INT8_GBPS / GEMV_BF16_GBPS, 2)
 # int4 weight-only (torch's _weight_int4pack_mm, tinygemm: gpt-fast's and torchao's int4 kernel). Marlin's README
 # (IST-DASLab/marlin ac6988b, 2024-01-17, assets/peak.png and assets/sustained.png: "16bit x 4bit (group=128) mul
 # with 72k x 18k matrix on NVIDIA A10", speedup over fp16 PyTorch calling CUTLASS) plots "torch-nightly" -- torch's
@@ -67,11 +74,10 @@ class Efficiency:
     cuda_context_gib: float = 1.0
     # ---- inference (decode reads every weight once per step: bandwidth-bound) ----
     decode_hbm_bf16: float = DECODE_HBM_BF16
-    # weight-only int8 (Inductor's fused dequantize + GEMV): no measurement of that kernel independent of gpt-fast's
-    # and torchao's decode tables was found; set looking at gpt-fast's rows (docs/estimate.md)
-    decode_hbm_int8: float = 0.65
+    decode_hbm_int8: float = DECODE_HBM_INT8  # 0.72: Inductor's int8 GEMV at 0.865 of the bf16 GEMV's (above)
     decode_hbm_int4: float = DECODE_HBM_INT4  # 0.67: tinygemm at 0.80 of the fp16 GEMV's bandwidth (above)
-    # fixed per layer and decode step (kernel tails under CUDA graphs); like int8, set looking at gpt-fast's rows
+    # fixed per layer and decode step (kernel tails under CUDA graphs); set looking at gpt-fast's rows (no
+    # independent measurement found)
     decode_layer_overhead_us: float = 55.0
 
 
