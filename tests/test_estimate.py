@@ -540,6 +540,32 @@ def test_search_cli(capsys):
 # ---------------------------------------------------------------- inference
 
 
+def test_int4_decode_bandwidth_is_tinygemms_measured_ratio_to_fp16():
+    """decode_hbm_int4 is the bf16 decode fraction times tinygemm's bandwidth relative to the fp16 GEMV at batch 1,
+    from Marlin's README plots (IST-DASLab/marlin ac6988b, A10, group 128, 72k x 18k): torch's int4 kernel at 3.02x
+    the fp16 kernel's speed with the clocks locked at base, reading 4 bits + a bf16 scale and zero per 128 weights
+    where fp16 reads 16 bits. That base-clock point is taken because an A100 asks each SM for more bytes per cycle
+    than the A10 does at either clock (dequantization work per byte is what limits the kernel)."""
+    bits_per_weight_g128 = 4 + (16 + 16) / 128
+    assert DEFAULT.decode_hbm_int4 == pytest.approx(
+        DEFAULT.decode_hbm_bf16 * 3.02 * bits_per_weight_g128 / 16, abs=0.005
+    )
+    assert DEFAULT.decode_hbm_int4 == pytest.approx(0.67)
+    a100 = DEVICE_SPECS["A100"].hbm_gbps / (108 * 1.410)  # bytes per SM-cycle at the A100's boost clock
+    a10_base, a10_boost = 600 / (72 * 0.885), 600 / (72 * 1.695)
+    assert a10_boost < a10_base < a100
+
+
+def test_int8_decode_bandwidth_is_inductors_measured_gemv_ratio():
+    """decode_hbm_int8 is the bf16 decode fraction times the bandwidth of Inductor's fused int8 dequantize + GEMV
+    relative to the bf16 GEMV, as PyTorch's gpt-fast microbenchmark measured them on its A100 CI runner
+    (pytorch/pytorch#128002: gemv_int8 984.06 GB/s, gemv_bfloat16 1137.92 GB/s)."""
+    assert DEFAULT.decode_hbm_int8 == pytest.approx(DEFAULT.decode_hbm_bf16 * 984.06 / 1137.92, abs=0.005)
+    assert DEFAULT.decode_hbm_int8 == pytest.approx(0.72)
+    # the quantized kernels sustain less of the bandwidth than the bf16 GEMV, int4 (more unpacking) less than int8
+    assert DEFAULT.decode_hbm_bf16 > DEFAULT.decode_hbm_int8 > DEFAULT.decode_hbm_int4
+
+
 def test_inference_keys_and_behaviour(tmp_path, capsys):
     out = tmp_path / "i.json"
     assert estimate_main(["--model.flavor=8B", "--estimate.mode=inference", "--estimate.hardware=a100",

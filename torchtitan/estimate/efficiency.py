@@ -3,7 +3,9 @@
 Compute rates (GEMMs by shape and dtype, flash attention by sequence length, power limits) are published
 microbenchmarks in torchtitan/estimate/rates.py. What stays here are fractions of datasheet bandwidths and
 structural constants, each with its basis; none is chosen by fitting the reference rows of
-tests/estimate_reference.toml (validation.FITTED lists the constants that are, and it is empty).
+tests/estimate_reference.toml (validation.FITTED lists the constants that are, and it is empty). One was set
+earlier looking at gpt-fast's decode rows and has no independent source yet: decode_layer_overhead_us
+(docs/estimate.md, "Decode kernels' bandwidth, second search").
 `--estimate.calibrate` replaces the compute and bandwidth rates by measurements on the devices present
 (torchtitan/estimate/calibrate.py); the structural constants (overlap, fragmentation) stay.
 """
@@ -11,6 +13,34 @@ tests/estimate_reference.toml (validation.FITTED lists the constants that are, a
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# ---- decode kernels' bandwidth (docs/estimate.md, "Decode kernels' bandwidth, second search") ----
+# bf16 decode: gpt-fast's "peak bandwidth is about 1700 GB/s" on its 330 W A100 (of 2,039).
+DECODE_HBM_BF16 = 0.83
+# int8 weight-only (Inductor's fused dequantize + GEMV, what gpt-fast's and torchao's int8 linears compile to at
+# batch 1): PyTorch's own microbenchmark of that kernel, benchmarks/gpt_fast/benchmark.py `run_gemv` (`W.to(x.dtype)
+# @ x` compiled with coordinate_descent_tuning, square D x D weights, D = 1024, 4096, 8192, 16384, bytes of W over
+# the kernel time, averaged over D), measured on the CI's A100 in pytorch/pytorch#128002 (2024-06-05): int8
+# 984.06 GB/s, bfloat16 1137.92 GB/s. The int8 kernel sustains 0.865 of the bf16 GEMV's bandwidth.
+GEMV_INT8_GBPS, GEMV_BF16_GBPS = 984.06, 1137.92
+DECODE_HBM_INT8 = round(DECODE_HBM_BF16 * GEMV_INT8_GBPS / GEMV_BF16_GBPS, 2)
+# int4 weight-only (torch's _weight_int4pack_mm, tinygemm: gpt-fast's and torchao's int4 kernel). Marlin's README
+# (IST-DASLab/marlin ac6988b, 2024-01-17, assets/peak.png and assets/sustained.png: "16bit x 4bit (group=128) mul
+# with 72k x 18k matrix on NVIDIA A10", speedup over fp16 PyTorch calling CUTLASS) plots "torch-nightly" -- torch's
+# one 4-bit kernel then, tinygemm -- at batch 1 at 3.59x with the GPU at its boost clock and 3.02x with the clocks
+# locked at base (read off the plots by pixel against the grid; Marlin itself at 3.88x and 3.86x, about the ideal).
+# tinygemm reads 4.25 bits per weight at group 128 (a bf16 scale and zero per group) where fp16 reads 16, so it
+# sustains speedup / (16 / 4.25) of the fp16 kernel's bandwidth: 0.95 at boost, 0.80 at base clock. What limits it
+# is dequantization work per byte (the README: lower clocks "significantly harm the relative speedups of prior
+# kernels"), and an A100 asks more of each SM than either A10 point: 2,039 GB/s over 108 SMs at (at most) 1.41 GHz
+# is 13.4 bytes per SM-cycle, the A10's 600 GB/s over 72 SMs 4.9 at 1.695 GHz (boost) and 9.4 at 0.885 GHz (base).
+# The nearer point, base clock, is taken (an upper bound by that trend); the group-32 layout's extra scales are
+# counted as bytes (inference.py), their per-group work is not.
+TINYGEMM_SPEEDUP_A10_BASE_CLOCK = 3.02
+TINYGEMM_G128_BITS_PER_WEIGHT = 4.0 + 2 * 16 / 128
+DECODE_HBM_INT4 = round(
+    DECODE_HBM_BF16 * TINYGEMM_SPEEDUP_A10_BASE_CLOCK * TINYGEMM_G128_BITS_PER_WEIGHT / 16, 2
+)
 
 
 @dataclass(frozen=True)
@@ -43,11 +73,12 @@ class Efficiency:
     # CUDA context + NCCL buffers: outside the allocator, counted only for `fits`
     cuda_context_gib: float = 1.0
     # ---- inference (decode reads every weight once per step: bandwidth-bound) ----
-    decode_hbm_bf16: float = 0.83  # gpt-fast: "peak bandwidth is about 1700 GB/s" on its 330 W A100 (of 2039)
-    # weight-only int8: dequantize fused into the GEMV, lower sustained bandwidth
-    decode_hbm_int8: float = 0.65
-    decode_hbm_int4: float = 0.55  # int4 group-32 (tinygemm): unpacking + per-group scales
-    decode_layer_overhead_us: float = 55.0  # fixed per layer and decode step (kernel tails under CUDA graphs)
+    decode_hbm_bf16: float = DECODE_HBM_BF16
+    decode_hbm_int8: float = DECODE_HBM_INT8  # 0.72: Inductor's int8 GEMV at 0.865 of the bf16 GEMV's (above)
+    decode_hbm_int4: float = DECODE_HBM_INT4  # 0.67: tinygemm at 0.80 of the fp16 GEMV's bandwidth (above)
+    # fixed per layer and decode step (kernel tails under CUDA graphs); set looking at gpt-fast's rows (no
+    # independent measurement found)
+    decode_layer_overhead_us: float = 55.0
 
 
 DEFAULT = Efficiency()
