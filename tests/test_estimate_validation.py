@@ -335,9 +335,9 @@ def test_async_tp_exposure_is_what_the_posts_figure_9_measured():
         gain = gain["tokens_per_sec_per_device"] / training_estimate(REF, row)["tokens_per_sec_per_device"]
         assert gain == pytest.approx(tps_async / tps_van, abs=0.01), (flavor, batch)
     e = validation.DEFAULT
-    assert e.async_tp_exposed == pytest.approx(1 - statistics.mean(fwd), abs=0.005)
-    assert e.async_tp_backward_exposed_full == pytest.approx(1 - statistics.mean(bwd["full"]), abs=0.005)
-    assert e.async_tp_backward_exposed == pytest.approx(1 - statistics.mean(bwd["op"]), abs=0.005)
+    assert e.async_tp_exposed == pytest.approx(1 - statistics.mean(fwd), abs=0.01)
+    assert e.async_tp_backward_exposed_full == pytest.approx(1 - statistics.mean(bwd["full"]), abs=0.01)
+    assert e.async_tp_backward_exposed == pytest.approx(1 - statistics.mean(bwd["op"]), abs=0.01)
     assert (
         max(fwd) - min(fwd) < 0.1 and max(bwd["full"]) - min(bwd["full"]) < 0.05
     )  # consistent across batches
