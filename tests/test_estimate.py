@@ -374,10 +374,11 @@ def test_float8_tp_casts_once_before_the_collective():
 
 
 def test_async_tp_leaves_the_backward_reduce_scatters_exposed():
-    """Async TP hides async_tp_exposed of the collectives torch's micro-pipeline pass fuses; the backward's two
-    reduce-scatters per block (of summed input gradients) it cannot fuse stay exposed like vanilla TP's."""
+    """Async TP prices the collectives torch's micro-pipeline pass fuses by their measured exposure (forward and
+    backward graph, efficiency.py); the backward's two reduce-scatters per block (of summed input gradients) it
+    cannot fuse stay exposed like vanilla TP's."""
     from torchtitan.estimate.plan import build_plan
-    from torchtitan.estimate.steptime import Rates, async_tp_unfused, tp_comm
+    from torchtitan.estimate.steptime import Rates, async_tp_exposed_time, async_tp_unfused, tp_comm
 
     argv = [*H100, "--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=2",
             "--parallelism.tensor_parallel_degree=8", "--estimate.num_devices=8", "--estimate.async_tp=true"]  # fmt: skip
@@ -387,6 +388,20 @@ def test_async_tp_leaves_the_backward_reduce_scatters_exposed():
     total, unfused = tp_comm(plan, r, tokens, modes, False, False), async_tp_unfused(plan, r, tokens, modes)
     # per block: 2 + 2 forward, 2 + 2 backward, 2 recomputed all-gathers of equal size; 2 are unfused
     assert unfused == pytest.approx(total * 2 / 10, rel=0.05) and unfused > 0
+    # forward 4 at async_tp_exposed; 2 recomputed + 2 backward all-gathers at the backward graph's figure (op SAC)
+    e, one = plan.eff, total / len(modes) / 10
+    per_block = 4 * e.async_tp_exposed + 4 * e.async_tp_backward_exposed + 2 * e.tp_exposed
+    assert async_tp_exposed_time(plan, r, tokens, modes, False, False) == pytest.approx(
+        len(modes) * per_block * one, rel=0.05
+    )
+    full = 4 * e.async_tp_exposed + 6 * e.async_tp_backward_exposed_full + 2 * e.tp_exposed  # 4 recomputed
+    assert async_tp_exposed_time(plan, r, tokens, ["full"], False, False) == pytest.approx(
+        full * one, rel=0.05
+    )
+    no_sp = build_plan(parse_args([*argv, "--parallelism.enable_sequence_parallel=false"]))
+    assert async_tp_exposed_time(no_sp, r, tokens, modes, False, False) == pytest.approx(
+        no_sp.eff.tp_exposed * tp_comm(no_sp, r, tokens, modes, False, False)
+    )  # all-reduces: nothing to fuse
     out = estimate_training(parse_args(argv))
     vanilla = estimate_training(parse_args(argv[:-1]))
     assert (

@@ -59,7 +59,22 @@ class Efficiency:
     inter_node: float = 0.96
     # TP collectives sit on the critical path (the next matmul needs the gathered input): exposed fraction
     tp_exposed: float = 1.0
-    async_tp_exposed: float = 0.5  # torch's async TP micro-pipelines them with the matmuls; about half stays
+    # torch's async TP (steptime.async_tp_exposed_time), measured: the dev-discuss post "[Distributed w/ TorchTitan]
+    # Introducing Async Tensor Parallelism in PyTorch" (Wang et al., 2024-09), Figure 9 (its image:
+    # pytorch-labs/applied-ai, assets/images/dev-discuss-asynctp/Figure_9.png): forward duration and tokens/s
+    # without / with async TP on 64 H100 (FSDP 8 x TP 8, seq 8192, compiled, bf16): 70B full AC at local batch
+    # 12 / 8 / 4, 8B per-op SAC at 12 / 8. What async TP saved (forward: the forward duration; the rest of the
+    # step: the step time from tokens/s less that) minus the layout copies it removes
+    # (steptime.sp_layout_copy_bytes), over the collectives it fuses there (this estimator's ring times), is the
+    # hidden fraction: forward 0.29 / 0.33 / 0.34 / 0.37 / 0.35, so 0.66 stays exposed (the mean); the backward
+    # graph's fused collectives (recompute, backward all-gathers) -0.077 / -0.055 / -0.084 under full AC and
+    # -0.42 / -0.45 under op SAC: exposed 1.07 and 1.43, i.e. there the fused ops cost more than the plain
+    # collectives plus the copies they replace (the post names the decomposed matmuls' wave quantization). Blocks
+    # without recompute take the op-SAC figure (no measurement). docs/estimate.md, "Async TP, measured";
+    # tests/test_estimate_validation.py re-derives all three.
+    async_tp_exposed: float = 0.66
+    async_tp_backward_exposed_full: float = 1.07
+    async_tp_backward_exposed: float = 1.43
     # ---- memory ----
     fragmentation: float = 0.05  # caching-allocator reserved / allocated at the peak
     allocator_fixed_gib: float = 0.5  # cuBLAS/cuDNN workspaces and small pools held in the allocator

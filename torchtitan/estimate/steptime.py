@@ -504,34 +504,73 @@ def async_tp_unfused(plan: Plan, r: Rates, tokens: float, modes: list[str]) -> f
     return 2 * rs * len(modes)
 
 
-def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
-    """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
-    t = plan.tp
-    if t == 1:
-        return 0.0
+def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float, float, float]:
+    """Seconds of one block's tensor-parallel collectives (before exposure): (forward, recompute, backward)."""
+    if plan.tp == 1:
+        return 0.0, 0.0, 0.0
     elems = tokens * plan.args.dim  # one gathered activation (sequence-parallel) or reduced one
 
     def coll(nbytes: float, kind: str = "all_gather") -> float:
-        return _ring(plan, r, elems * nbytes, t, 1, kind)
+        return _ring(plan, r, elems * nbytes, plan.tp, 1, kind)
 
     b = plan.act_bytes
-    edge = (2 if has_emb else 0) + (2 if has_head else 0)
     if plan.sequence_parallel:
-        # forward 2 all-gathers + 2 reduce-scatters, backward the same, plus what recompute repeats
+        # forward 2 all-gathers + 2 reduce-scatters, backward the same; recompute repeats the forward
+        # all-gathers first, then the reduce-scatters
         attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
         fwd_ag = coll(attn_in) + coll(ffn_in)
-        per_block = fwd_ag + coll(wo_grad) + coll(w2_grad) + 4 * coll(b, "reduce_scatter")
-
-        def redo(
-            mode: str,
-        ) -> float:  # recompute repeats the forward all-gathers first, then the reduce-scatters
-            n = tp_collectives_recomputed(mode)
-            return (fwd_ag if n >= 2 else 0.0) + max(0, n - 2) * coll(b, "reduce_scatter")
-
-        return sum(per_block + redo(m) for m in modes) + edge * coll(b)
+        rs = coll(b, "reduce_scatter")
+        n = tp_collectives_recomputed(mode)
+        rec = (fwd_ag if n >= 2 else 0.0) + max(0, n - 2) * rs
+        return fwd_ag + 2 * rs, rec, coll(wo_grad) + coll(w2_grad) + 2 * rs
     # 2 all-reduces forward, 2 backward (2 more for full recompute)
-    n = sum(2 + 2 + (2 if m == "full" else 0) for m in modes) + edge // 2
-    return n * coll(b, "all_reduce")
+    ar = coll(b, "all_reduce")
+    return 2 * ar, (2 * ar if mode == "full" else 0.0), 2 * ar
+
+
+def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool) -> float:
+    """Seconds of the embedding's and the head's TP collectives in one pass (half forward, half backward)."""
+    if plan.tp == 1:
+        return 0.0
+    kind = "all_gather" if plan.sequence_parallel else "all_reduce"
+    n = (2 if has_emb else 0) + (2 if has_head else 0)
+    if not plan.sequence_parallel:
+        n //= 2
+    return n * _ring(plan, r, tokens * plan.args.dim * plan.act_bytes, plan.tp, 1, kind)
+
+
+def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
+    """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
+    if plan.tp == 1:
+        return 0.0
+    by_mode = {m: sum(tp_block_comm(plan, r, tokens, m)) for m in set(modes)}
+    return sum(by_mode[m] for m in modes) + _tp_edges(plan, r, tokens, has_emb, has_head)
+
+
+def async_tp_exposed_time(
+    plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool
+) -> float:
+    """Exposed seconds of the TP collectives of one pass under torch's async TP (docs/estimate.md, "Async TP,
+    measured").
+
+    The forward graph's collectives, all fused with their matmuls, stay `async_tp_exposed` of their time; in the
+    backward graph the fused ones (the recompute's, the backward all-gathers) `async_tp_backward_exposed_full` in a
+    fully checkpointed block and `async_tp_backward_exposed` otherwise (all three measured on the dev-discuss post's
+    Figure 9, efficiency.py); the backward's reduce-scatters it cannot fuse (`async_tp_unfused`) `tp_exposed`. The
+    embedding's and the head's collectives: forward as the blocks' forward, backward as a block's without recompute.
+    Without sequence parallelism the collectives are all-reduces, which the pass does not fuse: as vanilla TP's.
+    """
+    e = plan.eff
+    if not plan.sequence_parallel:  # all-reduces: the pass fuses all-gathers and reduce-scatters only
+        return e.tp_exposed * tp_comm(plan, r, tokens, modes, has_emb, has_head)
+    total = 0.0
+    for m in modes:
+        fwd, rec, bwd = tp_block_comm(plan, r, tokens, m)
+        unfused = async_tp_unfused(plan, r, tokens, [m])
+        bwd_exposed = e.async_tp_backward_exposed_full if m == "full" else e.async_tp_backward_exposed
+        total += e.async_tp_exposed * fwd + bwd_exposed * (rec + bwd - unfused) + e.tp_exposed * unfused
+    edges = _tp_edges(plan, r, tokens, has_emb, has_head) / 2
+    return total + e.async_tp_exposed * edges + e.async_tp_backward_exposed * edges
 
 
 def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: float) -> float:
@@ -592,13 +631,10 @@ def training_step_time(plan: Plan) -> dict:
         recompute = sum(u.recompute for u in units)
         attention = sum(u.attention for u in units)
         fsdp_exposed = fsdp_units(plan, r, rank, [(u.fwd, u.total - u.fwd) for u in units])
-        tp = tp_comm(plan, r, tokens, modes, has_emb, has_head)
         if plan.async_tp:
-            # the collectives torch's micro-pipeline pass fuses, and the backward reduce-scatters it cannot
-            unfused = async_tp_unfused(plan, r, tokens, modes)
-            tp = plan.eff.async_tp_exposed * (tp - unfused) + plan.eff.tp_exposed * unfused
+            tp = async_tp_exposed_time(plan, r, tokens, modes, has_emb, has_head)
         else:
-            tp *= plan.eff.tp_exposed
+            tp = plan.eff.tp_exposed * tp_comm(plan, r, tokens, modes, has_emb, has_head)
         cp = cp_comm(plan, r, tokens, modes, attention)
         detail = {
             "matmul": sum(u.matmul for u in units),
