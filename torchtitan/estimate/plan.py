@@ -252,9 +252,8 @@ class Plan:
 
     @property
     def fsdp_wrapped(self) -> bool:
-        """FSDP2 is applied: with dp_shard x cp > 1, a replicate dimension or CPU offload
-        (torchtitan/parallel/__init__.py, ParallelDims.fsdp_enabled)."""
-        return self.fsdp_degree > 1 or self.dims.dp_replicate > 1 or self.cfg.parallelism.fsdp_cpu_offload
+        """FSDP2 is applied: the trainer's rule (torchtitan/parallel/__init__.py), dims.fsdp_enabled or CPU offload."""
+        return self.dims.fsdp_enabled or self.cfg.parallelism.fsdp_cpu_offload
 
     @property
     def autocast(self) -> bool:

@@ -564,11 +564,12 @@ def async_tp_exposed_time(
     if not plan.sequence_parallel:  # all-reduces: the pass fuses all-gathers and reduce-scatters only
         return e.tp_exposed * tp_comm(plan, r, tokens, modes, has_emb, has_head)
     total = 0.0
-    for m in modes:
+    for m in set(modes):  # the blocks of one AC mode share their collectives
         fwd, rec, bwd = tp_block_comm(plan, r, tokens, m)
         unfused = async_tp_unfused(plan, r, tokens, [m])
         bwd_exposed = e.async_tp_backward_exposed_full if m == "full" else e.async_tp_backward_exposed
-        total += e.async_tp_exposed * fwd + bwd_exposed * (rec + bwd - unfused) + e.tp_exposed * unfused
+        per_block = e.async_tp_exposed * fwd + bwd_exposed * (rec + bwd - unfused) + e.tp_exposed * unfused
+        total += modes.count(m) * per_block
     edges = _tp_edges(plan, r, tokens, has_emb, has_head) / 2
     return total + e.async_tp_exposed * edges + e.async_tp_backward_exposed * edges
 
