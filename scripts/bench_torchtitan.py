@@ -169,14 +169,26 @@ def check(a: argparse.Namespace) -> dict:
 
 def shared_flags(plan: dict, a: argparse.Namespace) -> list[str]:
     """The settings both trainers take under the same key names: batch, sequence, steps, precision, optimizer
-    kernel, warm-up, log interval and AC -- one list, so the two runs cannot drift apart."""
+    kernel and hyperparameters, learning-rate schedule, clipping, log interval and AC -- one list, so the two runs
+    cannot drift apart.
+
+    The hyperparameters are torchtitan 0.2.2's defaults, set explicitly on both sides: ours would otherwise take
+    train_configs/debug_model.toml's (lr 3e-3, cosine decay to 0.1), which the debug model trains well with but
+    which diverged on the 8B shape (a NaN gradient norm at step 3 with float8 rowwise on an H100, 2026-11-24),
+    while the peer ran at 8e-4. Throughput does not depend on them; a run that stops does not give a figure."""
     flags = [
         f"--training.local_batch_size={plan['batch']}",
         f"--training.seq_len={plan['seq']}",
         f"--training.steps={a.steps}",
         "--training.mixed_precision_param=bfloat16",
+        "--training.max_norm=1.0",
         "--optimizer.implementation=fused",
+        "--optimizer.lr=8e-4",
+        "--optimizer.eps=1e-8",
+        "--optimizer.weight_decay=0.1",
         "--lr_scheduler.warmup_steps=2",
+        "--lr_scheduler.decay_type=linear",
+        "--lr_scheduler.min_lr_factor=0.0",
         f"--metrics.log_freq={a.interval}",
         f"--activation_checkpoint.mode={a.ac}",
     ]

@@ -84,6 +84,17 @@ def test_both_sides_get_the_same_settings_for_every_variant(tok128k, tmp_path):
             assert flag in ours
         for flag in ("--activation_checkpoint.selective_ac_option=op", "--optimizer.implementation=fused"):
             assert flag in ours and flag in peer
+        # the same optimizer and schedule: ours must not take debug_model.toml's lr 3e-3 / cosine while the peer
+        # runs its 8e-4 / linear defaults (our 8B rowwise run diverged that way on an H100)
+        for flag in (
+            "--optimizer.lr=8e-4",
+            "--optimizer.weight_decay=0.1",
+            "--optimizer.eps=1e-8",
+            "--training.max_norm=1.0",
+            "--lr_scheduler.decay_type=linear",
+            "--lr_scheduler.min_lr_factor=0.0",
+        ):
+            assert flag in ours and flag in peer
         assert "--model.flavor=bench_8B-L16" in peer and f"--model.hf_assets_path={tok128k}" in peer
         assert "--metrics.log_freq=10" in ours and "--metrics.log_freq=10" in peer
         compiled = v != "eager"
