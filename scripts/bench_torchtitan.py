@@ -89,6 +89,15 @@ def parse(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--out", default="outputs/bench_torchtitan", help="logs, run folders and results.json")
     p.add_argument(
+        "--memory-snapshot",
+        type=int,
+        default=0,
+        metavar="STEP",
+        help="both sides dump a CUDA allocator snapshot (pytorch.org/memory_viz) at this step into their run\n"
+        "folders, to compare where the memory goes; history recording slows the runs, so their tokens/s\n"
+        "are not speed figures (0 = off)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="check the arguments, print both command lines, exit"
     )
     return p.parse_args(argv)
@@ -114,6 +123,10 @@ def check(a: argparse.Namespace) -> dict:
     for name, v in (("--batch", batch), ("--seq-len", seq), ("--steps", a.steps), ("--interval", a.interval)):
         if v <= 0:
             raise UserError(f"{name}={v} must be a positive integer")
+    if a.memory_snapshot < 0 or a.memory_snapshot > a.steps:
+        raise UserError(
+            f"--memory-snapshot={a.memory_snapshot} must be a step of the run (1..{a.steps}) or 0"
+        )
     if a.warmup < 0 or a.repeat < 1:
         raise UserError(f"--warmup={a.warmup} must be >= 0 and --repeat={a.repeat} >= 1")
     if a.steps % a.interval or a.steps - a.warmup < a.interval:
@@ -218,6 +231,8 @@ def ours_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) ->
     cmd.append(f"--compile.enable={str(compile_).lower()}")
     if recipe:
         cmd += ["--float8.enable=true", f"--float8.recipe={recipe}"]
+    if a.memory_snapshot:  # -> <dump>/memory_snapshots/
+        cmd.append(f"--profiling.memory_snapshot_steps={a.memory_snapshot}")
     return [*cmd, f"--job.dump_folder={dump}"]
 
 
@@ -269,6 +284,10 @@ def peer_command(plan: dict, a: argparse.Namespace, variant: str, dump: Path) ->
         cmd += ["--model.converters=quantize.linear.float8", "--quantize.linear.float8.filter_fqns=output"]
         if recipe == "rowwise":
             cmd += ["--quantize.linear.float8.recipe_name=rowwise"]
+    if a.memory_snapshot:
+        # torchtitan 0.2.2 records the allocator history from the start and dumps at every profile_freq-th step
+        # (tools/profiling.py) -> <dump>/memory_snapshot/iteration_<STEP>/
+        cmd += ["--profiling.enable_memory_snapshot", f"--profiling.profile_freq={a.memory_snapshot}"]
     return cmd
 
 

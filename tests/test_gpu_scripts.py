@@ -40,6 +40,7 @@ def test_bad_arguments_are_one_line_exit_2(tok128k, tmp_path, capsys):
     assert "--sides" in error_of([t, "--sides=hf"], capsys)
     assert "at least one full interval" in error_of([t, "--steps=15", "--warmup=10", "--interval=10"], capsys)
     assert "divisible by 16" in error_of([t, "--seq-len=8191"], capsys)
+    assert "must be a step of the run (1..30) or 0" in error_of([t, "--memory-snapshot=31"], capsys)
     assert "--tokenizer is required" in error_of([], capsys)
     assert "does not exist" in error_of([f"--tokenizer={tmp_path}"], capsys)
     from tokenizers import Tokenizer, models
@@ -122,6 +123,16 @@ def test_both_sides_get_the_same_settings_for_every_variant(tok128k, tmp_path):
         ),
     )
     assert back == plan["args"] and back.n_layers == 16 and back.dim == 4096
+
+    # no memory snapshot unless asked for: history recording slows the steps
+    assert not any("snapshot" in x for sides in cmds.values() for cmd in sides.values() for x in cmd)
+    a = bench.parse([f"--tokenizer={tok128k}", "--memory-snapshot=5"])
+    ours, peer = (
+        bench.ours_command(plan, a, "compile", tmp_path),
+        bench.peer_command(plan, a, "compile", tmp_path),
+    )
+    assert "--profiling.memory_snapshot_steps=5" in ours
+    assert "--profiling.enable_memory_snapshot" in peer and "--profiling.profile_freq=5" in peer
 
     plan, cmds = commands("1B", tok128k, tmp_path)
     ours = cmds["compile"]["ours"]
