@@ -249,6 +249,34 @@ def summary(res: dict) -> dict[str, tuple[float, float]]:
     return {p: (v[0], v[1]) for p, v in tot.items()}
 
 
+def estimator_bytes(flavor: str, ac: str) -> dict[str, tuple[float, float, float]]:
+    """phase -> (elementwise_bytes per token, autocast_eager_bytes per token, weight casts per pass) the estimator
+    prices for this block in an eager one-GPU (autocast) run on an H100."""
+    from torchtitan.config import parse_args
+    from torchtitan.estimate import build_plan
+    from torchtitan.estimate.steptime import (
+        autocast_eager_bytes,
+        autocast_weight_cast_bytes,
+        elementwise_bytes,
+    )
+
+    argv = [
+        f"--model.flavor={flavor}",
+        "--training.mixed_precision_param=bfloat16",
+        "--training.seq_len=8192",
+    ]
+    argv += ["--estimate.hardware=h100-sxm", "--estimate.num_devices=1"]
+    if ac == "op":
+        argv += ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"]
+    plan = build_plan(parse_args(argv))
+    (ew_f, ew_b), (a_f, a_b, a_r) = elementwise_bytes(plan), autocast_eager_bytes(plan)
+    w = autocast_weight_cast_bytes(plan, plan.block_linears)
+    out = {"forward": (ew_f, a_f, w), "backward": (ew_b, a_b, w)}
+    if ac != "none":
+        out["recompute"] = (ew_f, a_r, w)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--flavor", action="append", help="model flavor(s); default 1B and 8B")
@@ -259,11 +287,20 @@ def main() -> None:
     for flavor in a.flavor or ["1B", "8B"]:
         for ac in a.ac or ["none", "op"]:
             res = per_token(flavor, ac)
+            base = summary(per_token(flavor, ac, "bf16"))
+            est = estimator_bytes(flavor, ac)
             print(
-                f"## {flavor} block, AC {ac}: memory-bound bytes per token (per pass, not scaling with tokens)"
+                f"## {flavor} block, AC {ac}: memory-bound bytes per token (per pass: not scaling with tokens)"
+            )
+            print(
+                "phase      autocast B/tok  MB/pass | plain bf16 B/tok | estimator B/tok (before + autocast term)"
             )
             for phase, (tok, const) in sorted(summary(res).items()):
-                print(f"{phase:10s} {tok:12.0f} B/token   {const / 1e6:10.1f} MB/pass")
+                e0, e1, w = est[phase]
+                print(
+                    f"{phase:10s} {tok:14.0f} {const / 1e6:8.1f} | {base[phase][0]:16.0f} | "
+                    f"{e0 + e1:10.0f} ({e0:.0f} + {e1:.0f}; weights {w / 1e6:.1f} MB/pass)"
+                )
             if a.ops:
                 rows = sorted(res.items(), key=lambda kv: (kv[0][0], -abs(kv[1][0])))
                 for (phase, kind, op), (slope, const, calls) in rows:
