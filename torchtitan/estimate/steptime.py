@@ -198,12 +198,9 @@ def autocast_eager_bytes(plan: Plan) -> tuple[float, float, float]:
     wide = sb - b  # the stream's extra bytes per element over the activation dtype
     n_cast = sum(1 for lin in plan.block_linears if lin.name in STREAM_INPUT_LINEARS)
     add = 2 * wide * s.d_s  # one residual add's extra: the stream read and written wider
-    if (
-        s.fused_norm
-    ):  # one kernel reads x and writes y (backward: reads dy and x, writes dx), all sb-byte elements
-        norm_f, norm_b = 2 * wide, 3 * wide
-    else:  # the composite's upcast of its input and downcast of its output (b + 4 each) are no-ops on fp32
-        norm_f = norm_b = -2 * (b + 4)
+    # fused: one kernel reads x and writes y (backward: reads dy and x, writes dx), all sb-byte elements;
+    # composite: its upcast of the input and downcast of the output (b + 4 bytes each) are no-ops on fp32
+    norm_f, norm_b = (2 * wide, 3 * wide) if s.fused_norm else (-2 * (b + 4), -2 * (b + 4))
     fwd = 2 * norm_f * s.d_s + 2 * add + n_cast * (sb + b) * s.d
     bwd = 2 * norm_b * s.d_s + 2 * (3 * wide) * s.d_s + n_cast * (b + sb) * s.d
     bwd += (n_cast - 2) * 3 * wide * s.d + 2 * (sb + b) * s.d_s
