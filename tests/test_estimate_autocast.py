@@ -1,7 +1,7 @@
-"""The estimator's eager-under-autocast traffic (torchtitan/estimate/steptime.py, `autocast_eager_bytes` and
+"""The estimator's traffic under autocast (torchtitan/estimate/steptime.py, `autocast_eager_bytes` and
 `autocast_weight_cast_bytes`) against the op stream one block of this trainer really runs
 (scripts/eager_elementwise_bytes.py: every aten op's tensor bytes, CPU standing in for CUDA, the norm counted as
-CUDA's fused kernels unless said otherwise). docs/estimate.md, "Eager under autocast: the casts and fp32 traffic
+CUDA's fused kernels unless said otherwise) and the graphs a compiled block runs (scripts/compiled_weight_casts.py). docs/estimate.md, "Eager under autocast: the casts and fp32 traffic
 measured"."""
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def test_autocast_bytes_match_the_measured_op_stream(norm):
 
 def test_autocast_bytes_are_priced_in_eager_blocks_only():
     """block_pass adds the term to an eager autocast block's elementwise time (forward, backward and the weight
-    casts); compiled blocks and FSDP-wrapped (bf16-stream) blocks get none of it."""
+    casts); a compiled block gets the weight casts only (Inductor fuses the stream's norms, adds and casts), and
+    an FSDP-wrapped (bf16-stream, no autocast) block none of it."""
     plan = build_plan(parse_args([*ONE_H100, *SAC_OP]))
     r, tokens = Rates(plan), plan.tokens_per_pass
     ew_f, ew_b = elementwise_bytes(plan)
@@ -68,7 +69,31 @@ def test_autocast_bytes_are_priced_in_eager_blocks_only():
     expected = ((ew_f + ew_b + a_f + a_b) * tokens + 2 * w) / r.hbm
     assert block_pass(plan, r, "op", tokens).elementwise == pytest.approx(expected)
     compiled = build_plan(parse_args([*ONE_H100, *SAC_OP, "--compile.enable=true"]))
+    assert autocast_eager_bytes(compiled) == (0.0, 0.0, 0.0)
+    assert autocast_weight_cast_bytes(compiled, compiled.block_linears) == w
     fsdp = build_plan(parse_args([*ONE_H100, *SAC_OP, "--estimate.num_devices=2"]))
-    for other in (compiled, fsdp):
-        assert autocast_eager_bytes(other) == (0.0, 0.0, 0.0)
-        assert autocast_weight_cast_bytes(other, other.block_linears) == 0.0
+    assert autocast_eager_bytes(fsdp) == (0.0, 0.0, 0.0)
+    assert autocast_weight_cast_bytes(fsdp, fsdp.block_linears) == 0.0
+
+
+@pytest.mark.parametrize("ac", ["none", "op"])
+def test_compiled_weight_casts_match_the_partitioned_graphs(ac):
+    """A compiled autocast block (scripts/compiled_weight_casts.py: the graphs Inductor's partitioner gives it) casts
+    every linear weight to bf16 once forward and converts every weight gradient to fp32 backward; per-op SAC recasts
+    the weights in backward, no AC keeps the bf16 copies: as block_pass prices them (forward, backward, and recompute
+    where the mode recomputes)."""
+    from compiled_weight_casts import weight_casts
+
+    seen, n = weight_casts(ac)
+    assert seen["forward"] == {"to_bf16": n, "to_fp32": 0}
+    assert seen["backward"] == {"to_bf16": n if ac == "op" else 0, "to_fp32": n}
+    argv = [*ONE_H100, "--compile.enable=true", *(SAC_OP if ac == "op" else [])]
+    plan = build_plan(parse_args(argv))
+    assert sum(lin.in_features * lin.out_features for lin in plan.block_linears) == n
+    r, tokens, mode = Rates(plan), plan.tokens_per_pass, "op" if ac == "op" else "none"
+    ew_f, ew_b = elementwise_bytes(plan)
+    assert (
+        autocast_weight_cast_bytes(plan, plan.block_linears) == 6 * n
+    )  # 4 bytes read, 2 written per element
+    p = block_pass(plan, r, mode, tokens)
+    assert p.elementwise == pytest.approx(((ew_f + ew_b) * tokens + 2 * 6 * n) / r.hbm)  # forward + backward

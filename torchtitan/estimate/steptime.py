@@ -208,12 +208,14 @@ def autocast_eager_bytes(plan: Plan) -> tuple[float, float, float]:
 
 
 def autocast_weight_cast_bytes(plan: Plan, linears) -> float:
-    """Bytes per pass of autocast's weight casts for `linears` in an eager run (no FSDP wrapper): each fp32 weight
-    read and written in bf16 once per forward (and again in a checkpointed block's recompute: the cast `_to_copy` is
-    outside the per-op save list), and its bf16 gradient converted to the fp32 parameter's in backward, 4 + b bytes
-    per parameter each time (measured: scripts/eager_elementwise_bytes.py). A float8 linear casts its fp32 weight to
-    float8 itself (priced with the float8 casts)."""
-    if not plan.autocast or plan.compile_model:
+    """Bytes per pass of autocast's weight casts for `linears` (no FSDP wrapper): each fp32 weight read and written
+    in bf16 once per forward (and again in a checkpointed block's recompute: the cast is outside the per-op save
+    list), and its bf16 gradient converted to the fp32 parameter's in backward, 4 + b bytes per parameter each time.
+    Measured eager (scripts/eager_elementwise_bytes.py) and compiled: the graphs Inductor's partitioner gives a block
+    hold the same conversions, the recast in backward under per-op SAC and full AC, none without AC, which keeps the
+    bf16 copies (scripts/compiled_weight_casts.py); no kernel fuses a cast into the matmul it feeds. A float8 linear
+    casts its fp32 weight to float8 itself (priced with the float8 casts)."""
+    if not plan.autocast:
         return 0.0
     params = sum(lin.in_features * lin.out_features for lin in linears if not lin.float8) / plan.tp
     return params * (4 + plan.act_bytes)
