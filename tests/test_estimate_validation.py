@@ -144,14 +144,6 @@ _LINGUA = (
     " high (+14.0 %). The figure is one logged step (step 10) of one user's run whose torch is not stated: not"
     " explained"
 )
-_H100_EAGER = (
-    "one-H100 run of this project (8B cut to 14 layers, 1 x 8192, per-op SAC, eager; out of sample, fifth pass:"
-    " +15.8 %, 18,611 estimated against 16,076 measured): the same shape compiled is +7.2 % and with float8 +7.8 %,"
-    " the 1B's eager run +12.9 % against +2.8 % compiled, and the H200 1B's eager run +8.3 % against +1.7 %"
-    " compiled: the estimate's eager step (unfused elementwise kernels, the per-op SAC recompute outside Inductor)"
-    " is 7-10 points lighter than measured on every GPU eager row of this trainer, and this one crosses 15 %; a single"
-    " run, not profiled: not explained"
-)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile_float8", "memory GiB"): _SINGLE_MEM,
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
@@ -187,7 +179,6 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("aws_h100_8b_fsdp32_eager", "memory GiB"): _AWS_MEM,
     ("aws_h100_8b_fsdp32_compile", "memory GiB"): _AWS_MEM,
     ("lingua_h100_7b_fsdp8_compile_no_ac", "tokens/s/device"): _LINGUA,
-    ("h100_8b14l_single_sac_op_eager", "tokens/s/device"): _H100_EAGER,
 }
 
 

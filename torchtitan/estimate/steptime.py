@@ -173,6 +173,54 @@ def elementwise_bytes(plan: Plan) -> tuple[float, float]:
     return fwd, bwd
 
 
+# the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output)
+STREAM_INPUT_LINEARS = ("wq", "wk", "wv", "w1", "w3")
+
+
+def autocast_eager_bytes(plan: Plan) -> tuple[float, float, float]:
+    """(forward, backward, recompute) bytes per token that an eager block moves under autocast beyond
+    `elementwise_bytes` (docs/estimate.md, "Eager under autocast: the casts and fp32 traffic measured"; measured
+    by scripts/eager_elementwise_bytes.py, which the unit test pins these bytes to).
+
+    With one data-parallel rank the trainer keeps fp32 parameters and autocasts the forward
+    (parallel/mixed_precision.py): the residual stream is fp32 (`Plan.stream_bytes`, sb), so both norms read and
+    write sb-byte elements and the two residual adds read sb + b and write sb; each linear that reads a normed
+    (fp32) tensor casts it to bf16 itself (autocast caches only the casts of leaf tensors that require grad: the
+    weights), five casts of sb + b bytes per element (the composite RMSNorm of CPUs instead loses its own up- and
+    downcasts, its input and output being fp32 already). Backward: the norms (dy, x, dx) and the residual-gradient adds
+    in fp32; each cast's backward converts the bf16 input gradient back to fp32 and autograd sums the three (wq,
+    wk, wv) and two (w1, w3) copies in fp32; the gradients of the two bf16 branch outputs are cast from the fp32
+    stream's. The recompute is the forward without its last residual add (non-reentrant checkpointing stops once
+    the saved tensors backward needs are rebuilt)."""
+    if not plan.autocast or plan.compile_model:
+        return 0.0, 0.0, 0.0
+    s, b, sb = plan.shape, plan.act_bytes, plan.stream_bytes
+    wide = sb - b  # the stream's extra bytes per element over the activation dtype
+    n_cast = sum(1 for lin in plan.block_linears if lin.name in STREAM_INPUT_LINEARS)
+    add = 2 * wide * s.d_s  # one residual add's extra: the stream read and written wider
+    # fused: one kernel reads x and writes y (backward: reads dy and x, writes dx), all sb-byte elements;
+    # composite: its upcast of the input and downcast of the output (b + 4 bytes each) are no-ops on fp32
+    norm_f, norm_b = (2 * wide, 3 * wide) if s.fused_norm else (-2 * (b + 4), -2 * (b + 4))
+    fwd = 2 * norm_f * s.d_s + 2 * add + n_cast * (sb + b) * s.d
+    bwd = 2 * norm_b * s.d_s + 2 * (3 * wide) * s.d_s + n_cast * (b + sb) * s.d
+    bwd += (n_cast - 2) * 3 * wide * s.d + 2 * (sb + b) * s.d_s
+    return fwd, bwd, fwd - add
+
+
+def autocast_weight_cast_bytes(plan: Plan, linears) -> float:
+    """Bytes per pass of autocast's weight casts for `linears` (no FSDP wrapper): each fp32 weight read and written
+    in bf16 once per forward (and again in a checkpointed block's recompute: the cast is outside the per-op save
+    list), and its bf16 gradient converted to the fp32 parameter's in backward, 4 + b bytes per parameter each time.
+    Measured eager (scripts/eager_elementwise_bytes.py) and compiled: the graphs Inductor's partitioner gives a block
+    hold the same conversions, the recast in backward under per-op SAC and full AC, none without AC, which keeps the
+    bf16 copies (scripts/compiled_weight_casts.py); no kernel fuses a cast into the matmul it feeds. A float8 linear
+    casts its fp32 weight to float8 itself (priced with the float8 casts)."""
+    if not plan.autocast:
+        return 0.0
+    params = sum(lin.in_features * lin.out_features for lin in linears if not lin.float8) / plan.tp
+    return params * (4 + plan.act_bytes)
+
+
 FLOAT8_TP_GROUPS = {
     "wq": "attn",
     "wk": "attn",
@@ -306,6 +354,13 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     p.fwd += t_ef
     if recomputes_elementwise(mode):
         p.recompute += t_ef
+    a_f, a_b, a_r = autocast_eager_bytes(plan)
+    w = autocast_weight_cast_bytes(plan, plan.block_linears)
+    t_xf, t_xb = (a_f * tokens + w) / r.hbm, (a_b * tokens + w) / r.hbm
+    p.elementwise += t_xf + t_xb
+    p.fwd += t_xf
+    if recomputes_elementwise(mode):
+        p.recompute += (a_r * tokens + w) / r.hbm
     c_f, c_b, c_r = sp_layout_copy_bytes(plan, mode)
     t_cf, t_cb, t_cr = (c * tokens / r.hbm for c in (c_f, c_b, c_r))
     p.elementwise += t_cf + t_cb
@@ -369,7 +424,9 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     per_logit = 4 * b if plan.compile_loss else 32 + 2 * b  # fp32 upcast, log-softmax, NLL and their backward
     p.loss = tokens * vocab * per_logit / r.hbm
     p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
-    p.fwd = f + p.loss / 2
+    w = autocast_weight_cast_bytes(plan, [plan.head]) / r.hbm  # the output weight's cast (tied: the table's)
+    p.elementwise += 2 * w
+    p.fwd = f + p.loss / 2 + w
     return p
 
 
