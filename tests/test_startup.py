@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import platform
+import re
 import shutil
 
 import pytest
@@ -204,6 +205,9 @@ def test_deterministic_run_sets_cublas_workspace_and_reports_startup(tmp_path):
     assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in header.split()  # on CUDA after the NCCL settings
     assert "startup: weights initialized in" in out and "optimizer state allocated in" in out
     assert "first step done" in out and "collective timeout now 100 s" in out
+    # both clocks: from train()'s start, and from the process's (interpreter and imports included: later)
+    m = re.search(r"first step done ([\d.]+) s after start \(([\d.]+) s after the process started\)", out)
+    assert m and float(m.group(2)) >= float(m.group(1)), out[-2000:]
 
 
 def test_float8_token_count_is_one_line_exit_2_before_allocation(tmp_path):

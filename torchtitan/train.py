@@ -166,8 +166,9 @@ def train(cfg: JobConfig) -> int:
         if step == start_step + 1:
             set_collective_timeout(cfg.comm.train_timeout_seconds)
             logger.info(
-                f"first step done {time.perf_counter() - started:.1f} s after start; collective timeout now"
-                f" {cfg.comm.train_timeout_seconds} s (comm.train_timeout_seconds)"
+                f"first step done {time.perf_counter() - started:.1f} s after start"
+                f" ({time.time() - goodput.attempt_start_unix:.1f} s after the process started); collective"
+                f" timeout now {cfg.comm.train_timeout_seconds} s (comm.train_timeout_seconds)"
             )
         # Last in the step: anything slow at its end (a checkpoint save) counts as part of this step.
         watchdog.beat(step)
