@@ -141,6 +141,32 @@ def test_both_sides_get_the_same_settings_for_every_variant(tok128k, tmp_path):
     assert bench.peer_flavor(plan)["args"]["dim"] == 2048
 
 
+def test_each_run_compiles_with_its_own_cold_caches(tok128k, tmp_path, monkeypatch):
+    """Inductor's and Triton's caches persist across processes: each run gets its own, so the side that runs second
+    does not reuse the first one's kernels (its time to first step would look shorter)."""
+    seen = {}
+
+    def fake_run(cmd, env, cwd, log, step1):
+        log.write_text("")
+        seen[log.name] = env
+        return 1, None
+
+    monkeypatch.setattr(bench, "run_logged", fake_run)
+    a = bench.parse([f"--tokenizer={tok128k}", "--shape=1B"])
+    plan = bench.check(a)
+    plan["peer_tokenizer"] = str(tok128k)
+    for side in ("ours", "torchtitan"):
+        assert "failed" in bench.one_run(plan, a, "compile", side, 1, tmp_path, cuda=True)
+    dirs = {name: (env["TORCHINDUCTOR_CACHE_DIR"], env["TRITON_CACHE_DIR"]) for name, env in seen.items()}
+    assert dirs == {
+        f"compile-{s}-1.log": (
+            str(tmp_path / f"compile-{s}-1" / "inductor_cache"),
+            str(tmp_path / f"compile-{s}-1" / "triton_cache"),
+        )
+        for s in ("ours", "torchtitan")
+    }
+
+
 def test_dry_run_prints_both_command_lines(tok128k, capsys):
     assert bench.main([f"--tokenizer={tok128k}", "--variants=compile", "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
