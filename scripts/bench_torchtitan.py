@@ -378,9 +378,9 @@ def param_count(log: Path, side: str) -> int | None:
 
 def cold_caches(dump: Path) -> dict:
     """Compile caches of this run alone: Inductor's (FX graphs, autotuning) and Triton's (kernel binaries) persist
-    across processes under /tmp by default, so the run that compiled second reused the first one's kernels and its
-    first step looked faster (the 2026-11-24 H100 runs: ours always ran first). Each run starts cold, as a fresh
-    machine does."""
+    across processes under /tmp by default, so the run that compiles second can reuse kernels the first one built and
+    its first step look faster (in the 2026-11-24 H100 runs ours compiled first in every variant). Each run starts
+    cold, as a fresh machine does."""
     return {
         "TORCHINDUCTOR_CACHE_DIR": str(dump / "inductor_cache"),
         "TRITON_CACHE_DIR": str(dump / "triton_cache"),
