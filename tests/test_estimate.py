@@ -302,6 +302,43 @@ def test_last_pipeline_stage_keeps_its_outputs_on_older_torch():
         assert rank_memory(kept, r) == rank_memory(released, r)
 
 
+def test_older_software_keeps_the_forwards_float8_weights():
+    """--estimate.float8_weights=saved (torchao's Float8Linear before pytorch/pytorch#148922): every converted linear
+    of a block that is not checkpointed keeps its unsharded float8 weight (1 B per parameter) until its backward;
+    checkpointed blocks recast; bf16 runs and this trainer's default are untouched."""
+    from torchtitan.estimate.memory import rank_memory
+    from torchtitan.estimate.plan import build_plan
+
+    base = [*H100, "--model.flavor=8B", "--training.seq_len=4096", "--training.local_batch_size=1",
+            "--compile.enable=true", "--estimate.num_devices=8"]  # fmt: skip
+    block = 4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336  # wq wk wv wo w1 w2 w3 of the 8B
+
+    def extra(*argv) -> float:
+        recast, saved = (
+            rank_memory(build_plan(parse_args([*base, *argv, f"--estimate.float8_weights={w}"])), 0)
+            for w in ("recast", "saved")
+        )
+        assert {k for k in recast if recast[k] != saved[k]} <= {
+            "float8_extras",
+            "allocator_and_comm_overhead",
+        }
+        return saved["float8_extras"] - recast["float8_extras"]
+
+    f8 = "--float8.enable=true"
+    assert extra(f8, "--activation_checkpoint.mode=none") == pytest.approx(32 * block)
+    every_2nd = ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=2"]
+    assert extra(f8, *every_2nd) == pytest.approx(16 * block)
+    assert extra(f8, "--activation_checkpoint.mode=full") == 0
+    assert (
+        extra(f8, "--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op")
+        == 0
+    )
+    assert extra("--activation_checkpoint.mode=none") == 0  # bf16: nothing to keep
+    assert extra(f8, "--activation_checkpoint.mode=none", "--parallelism.tensor_parallel_degree=2",
+                 "--estimate.num_devices=16") == pytest.approx(32 * block / 2)  # fmt: skip
+    assert parse_args(base).estimate.float8_weights == "recast"
+
+
 def test_pipeline_stage_boundary_buffers():
     """torch's PipelineStage keeps m receive buffers per non-first stage (the in-flight passes' inputs are among
     them), m gradient receive buffers per non-last stage and the in-flight passes' outputs: 1F1B on 4 ranks with 8
@@ -487,7 +524,8 @@ def test_autocast_stream_and_weight_copies():
 def test_compiled_saved_activations_match_inductor():
     """The compiled rules of saved_per_token against what Inductor's partitioner really saves for one compiled
     block of this trainer (scripts/compiled_saved.py, CPU fp32): no AC keeps every matmul's input and output
-    (not w2's output), per-op AC only what the backward reads of its save list (not w2's output)."""
+    (not w2's output), per-op AC only what the backward reads of its save list (not w2's output); with float8
+    linears, the inputs backward can rebuild and recast (docs/estimate.md, "Compiled float8 blocks")."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from compiled_saved import saved_by_compiled_block
 
@@ -499,6 +537,17 @@ def test_compiled_saved_activations_match_inductor():
         measured, _ = saved_by_compiled_block(ac, dim, ffn, heads, kv_heads)
         modelled = saved_per_token(ac, s, True) / 4 - dim  # fp32 elements per token, without the block input
         assert measured - (rstd if ac == "none" else 0) == pytest.approx(modelled), ac
+    # float8 (torchao tensorwise), every linear converted, then wq alone of the attention group: no float8 cast is
+    # kept for a group whose every linear is converted; a partly converted group keeps its input and the cast
+    groups = {"attn", "wo", "ffn", "w2"}
+    for skip, partial in (((), frozenset()), (("wk", "wv"), frozenset({"attn"}))):
+        measured, tensors = saved_by_compiled_block(
+            "none", dim, ffn, heads, kv_heads, float8=True, float8_skip=skip
+        )
+        f8 = BlockShape(d=dim, h=dim, kv=dim * kv_heads // heads, f=ffn, heads=heads, tp=1, sequence_parallel=False,
+                        act_bytes=4, f8_inputs=frozenset(groups - partial), f8_partial=partial)  # fmt: skip
+        scales = sum(n for shape, n in tensors if shape == ()) / (2 * 128) / 4  # torchao's fp32 scalar scales
+        assert measured - rstd - scales == pytest.approx(saved_per_token("none", f8, True) / 4 - dim), skip
 
 
 def test_loss_buffers_freed_before_the_last_block_backward():
@@ -860,3 +909,24 @@ def test_cpu_resident_memory_counts_measured_runtime_and_heap_retention():
         0.5 * 2**30 + DEFAULT.cpu_heap_retention * tensors
     )
     assert 0 < DEFAULT.cpu_heap_retention < 1
+
+
+def test_dtensor_host_time_script_prints_its_table():
+    """scripts/dtensor_host_time.py (docs/estimate.md, "The per-step gap of 8-GPU FSDP runs") times the 8B's 291
+    parameters' AdamW step and clipping, plain and as DTensors over a fake process group: three rows of two positive
+    figures (the figures themselves are this machine's and not asserted)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "dtensor_host_time.py"), "--repeats", "1"],
+        capture_output=True, text=True, timeout=120, env=train_env(),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [
+        line for line in out.stdout.splitlines() if line.startswith("| AdamW") or line.startswith("| clip")
+    ]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "AdamW step (foreach)",
+        "AdamW step (fused)",
+        "clip_grad_norm_ (foreach)",
+    ]
+    for r in rows:
+        assert all(float(x) > 0 for x in r.split("|")[2:4])

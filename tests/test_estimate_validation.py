@@ -42,13 +42,6 @@ _MI300X = (
     " this workload (Llama 3 8B, FSDP, 8 x MI300X; Kurzynski, Aga, Wu, arXiv 2512.08242) names clock frequency"
     " (DVFS) as the largest loss against theoretical throughput; its figures were not readable here"
 )
-_SINGLE_MEM = (
-    "one-GPU run of this project (autocast, no FSDP wrapper), compiled, float8 tensorwise: +12.4 % (37.6 GiB reserved,"
-    " 37.5 active; its bf16 twin is within 2 %). The estimate saves the float8 casts (1 byte) of the matmul inputs"
-    " whose linears are all converted (wo, w1/w3, w2; the 1B's wk/wv stay bf16, so the attention input stays bf16)"
-    " and keeps everything else as the measured bf16 block (scripts/compiled_saved.py); the run kept ~2 GiB less:"
-    " what Inductor saves around torchao's float8 casts was not measured (no GPU, torchao's float8 needs one)"
-)
 _SINGLE_FULL_AC = (
     "one-GPU run of this project (autocast), compiled, full AC: +11.6 % (25.0 GiB reserved, 24.4 active); the"
     " estimate holds the compiled loss's bf16 logits and their gradient (7.8 GiB) at the start of backward together"
@@ -152,13 +145,7 @@ _F8NC = (
     " within goal but high in the same direction (bf16 +11.3 %, tensorwise +10.6 %). A 700 W part would raise the"
     " estimates further. One run per configuration, the torch build not stated: not explained"
 )
-_F8NC_MEM = (
-    "torchao's float8nocompile table, no AC, float8 + compile (-11.4 %): the published peak falls 6.5 GiB from the"
-    " bf16 eager run's (53.12 -> 46.64), the estimate 12.5 GiB (53.8 -> 41.3; the eager row fits, +1.3 %). What"
-    " Inductor saves around torchao's float8 casts without AC is not measured: not explained"
-)
 OUTSIDE: dict[tuple[str, str], str] = {
-    ("h200_1b_single_compile_float8", "memory GiB"): _SINGLE_MEM,
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
     ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
     (
@@ -196,7 +183,6 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"h100_8b_s4096_fsdp8_{m}_f8nc", "tokens/s/device"): _F8NC
         for m in ("no_ac_eager", "no_ac_compile_float8", "sac_layer_compile_float8")
     },
-    ("h100_8b_s4096_fsdp8_no_ac_compile_float8_f8nc", "memory GiB"): _F8NC_MEM,
 }
 
 

@@ -442,6 +442,14 @@ class Estimate:
         " is recomputed in backward, as torchtitan before its PR #2095 (2025-12) did with cuDNN attention, which it"
         " put first on B200 (PR #1196): for runs on that software",
     )
+    float8_weights: Literal["recast", "saved"] = opt(
+        "recast",
+        "how backward gets a float8 linear's float8 weight: recast from the weight (this trainer: torch's"
+        " partitioner treats parameters as free to save since pytorch/pytorch#148922, 2025-03) or saved from the"
+        " forward, the unsharded float8 weight of every block not checkpointed held until its backward (torchao's"
+        " Float8Linear without force_recompute_fp8_weight_in_bwd on torch before that fix, e.g. torchtitan before"
+        " its PR #833, 2025-02: for runs on that software)",
+    )
     peak_tflops: float | None = opt(
         None, "override the device's dense BF16 peak TFLOPS (e.g. a power-capped part)"
     )

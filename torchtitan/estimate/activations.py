@@ -48,9 +48,11 @@ class BlockShape:
     # precision; 4 under autocast (no FSDP wrapper), where the embedding's fp32 output plus the blocks' bf16 branch
     # outputs promote the stream to fp32 (torchtitan/parallel/mixed_precision.py); 0 = act_bytes
     stream_bytes: int = 0
-    # compiled float8: the matmul-input groups whose every consumer is a float8 linear ("attn" = wq/wk/wv, "wo",
-    # "ffn" = w1/w3, "w2"); the partitioner saves their float8 casts (1 byte) instead of the bf16 tensors
+    # compiled float8: the matmul-input groups ("attn" = wq/wk/wv, "wo", "ffn" = w1/w3, "w2") whose every consumer is
+    # a float8 linear (f8_inputs), and those with some but not all (f8_partial); saved_per_token says what the
+    # partitioner keeps of each
     f8_inputs: frozenset = frozenset()
+    f8_partial: frozenset = frozenset()
 
     @property
     def sb(self) -> int:
@@ -93,11 +95,19 @@ def saved_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
             # recomputes the mid-block residual: the block input, both norm outputs (the matmuls' inputs, gathered
             # under TP), q and k after RoPE and v, the attention output + logsumexp and wo's input (its transposed
             # copy), w1 and w3 outputs and w2's input (the SiLU product). Measured: scripts/compiled_saved.py.
-            def inp(group: str) -> float:  # a matmul input in units of activation elements (float8: 1 byte)
-                return 1 / b if group in s.f8_inputs else 1.0
+            # float8 (torchao's tensorwise Float8Linear, measured the same way with --float8): a group whose every
+            # linear is converted saves no float8 cast and no input: backward rebuilds the input from what it keeps
+            # anyway and recasts it -- the attention norm's output from the block input, wo's input from the
+            # attention output, w2's input from w1's and w3's outputs; for the FFN norm's input it keeps wo's output
+            # (d wide) in place of the norm's output, with which and the block input the mid-block residual is
+            # rebuilt. A group with only some linears converted keeps its input and the 1-byte cast beside it.
+            def inp(group: str, width: float, all_f8: float = 0.0) -> float:
+                if group in s.f8_inputs:
+                    return all_f8
+                return width * (1 + (1 / b if group in s.f8_partial else 0.0))
 
-            kept = s.d_s * stream + s.d * (inp("attn") + inp("ffn")) + s.h * inp("wo")
-            kept += (s.h + 2 * s.kv) + (s.h + lse) + 2 * s.f + s.f * inp("w2")
+            kept = s.d_s * stream + inp("attn", s.d) + inp("ffn", s.d, all_f8=s.d) + inp("wo", s.h)
+            kept += (s.h + 2 * s.kv) + (s.h + lse) + 2 * s.f + inp("w2", s.f)
         else:
             # eager: both norms' inputs (stream), both gathered norm outputs, q and k after RoPE and v, attention
             # output + logsumexp and its transposed copy (wo's input), w1 and w3 outputs, SiLU output, product.

@@ -202,6 +202,27 @@ def autocast_weight_copies(plan: Plan, n_blocks: int, has_head: bool, modes: lis
     return copies
 
 
+def saved_float8_weight_bytes(plan: Plan, modes: list[str]) -> float:
+    """Bytes of float8 weights older software kept from a forward to its backward (`--estimate.float8_weights=saved`),
+    per pass in flight.
+
+    torchao's Float8Linear of 2024 to mid-2025 cast the weight to float8 outside its autograd function and saved the
+    float8 copy (torchao float8/float8_linear.py, `matmul_with_hp_or_float8_args`: `ctx.save_for_backward(input_hp,
+    weight_hp_t)` with the cast weight). Under torch.compile the partitioner chose the same: it "may decide to save
+    the fp8_weight_transpose for backward, which is an un-sharded weight" (torchao's comment on
+    `force_recompute_fp8_weight_in_bwd`, whose checkpoint forced the recast; pytorch/pytorch#141881 "Partitioner
+    stores fp8 copy of all weights between fwd and bwd"), until pytorch/pytorch#148922 (2025-03) made the partitioner
+    treat parameters as free to save, so it keeps the weight itself and recasts. torchtitan exposed the workaround in
+    its PR #833 (2025-02-18, off by default). So each converted linear of a block that is not checkpointed holds its
+    whole (unsharded, 1/TP) weight at 1 byte until that block's backward; a checkpointed block (full, or per-op
+    selective: the cast is outside the save list) recasts in its recompute, one block at a time (transient).
+    """
+    if not plan.float8 or plan.cfg.estimate.float8_weights != "saved":
+        return 0.0
+    per_block = sum(lin.in_features * lin.out_features for lin in plan.block_linears if lin.float8) / plan.tp
+    return per_block * sum(1 for m in modes if m == "none")
+
+
 def reduce_scatter_pool_bytes(plan: Plan, p_local: float) -> float:
     """Bytes the caching allocator holds for FSDP2's reduce-scatter stream: the sharded gradients.
 
@@ -294,6 +315,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     if plan.float8 and any(lin.float8 for lin in plan.block_linears):
         widest = max(lin.in_features + lin.out_features for lin in plan.block_linears if lin.float8) / plan.tp
         f8 = 2 * tokens * widest  # 1 byte each, plus the transposed copy for the weight gradient
+    f8 += passes * saved_float8_weight_bytes(plan, modes) / v  # older software: forward's float8 weights kept
 
     # the sharded gradients, in the reduce-scatter stream's own pool on a GPU (at both moments), else on the
     # compute stream (at the start of backward only when micro-steps accumulate into them)

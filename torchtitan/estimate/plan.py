@@ -261,14 +261,17 @@ class Plan:
         parameters and autocasts its matmuls (parallel/mixed_precision.py)."""
         return not self.fsdp_wrapped and self.act_bytes == 2
 
-    @property
-    def float8_saved_inputs(self) -> frozenset:
-        """Compiled float8 blocks: the matmul-input groups all of whose linears are converted (BlockShape.f8_inputs)."""
+    def float8_input_groups(self, every: bool) -> frozenset:
+        """Compiled float8 blocks: the matmul-input groups all of whose linears are converted (`every`:
+        BlockShape.f8_inputs) or some but not all (BlockShape.f8_partial)."""
         if not (self.float8 and self.compile_model):
             return frozenset()
         conv = {lin.name: lin.float8 for lin in self.block_linears}
         groups = {"attn": ("wq", "wk", "wv"), "wo": ("wo",), "ffn": ("w1", "w3"), "w2": ("w2",)}
-        return frozenset(g for g, names in groups.items() if all(conv.get(n, False) for n in names))
+        n = {g: sum(conv.get(x, False) for x in names) for g, names in groups.items()}
+        return frozenset(
+            g for g, names in groups.items() if (n[g] == len(names) if every else 0 < n[g] < len(names))
+        )
 
     @property
     def stream_bytes(self) -> int:
@@ -297,7 +300,8 @@ class Plan:
             sequence_parallel=self.sequence_parallel,
             act_bytes=self.act_bytes,
             stream_bytes=self.stream_bytes,
-            f8_inputs=self.float8_saved_inputs,
+            f8_inputs=self.float8_input_groups(every=True),
+            f8_partial=self.float8_input_groups(every=False),
             fused_norm=not self.hw.is_cpu and self.cfg.estimate.eager_rms_norm == "fused",
             op_saves_attention=self.cfg.estimate.sac_saves_attention,
         )
