@@ -13,7 +13,7 @@ Rows are published runs as tests/estimate_reference.toml records them (its `args
 selective AC: 82.4 GiB), h100_70b_fsdp32_tp8 (70B FSDP 32 x TP 8, 16 x 8192, full AC, compile, float8: 71.9 GiB),
 h100_405b_fsdp8_tp8_pp8_1f1b (405B FSDP 8 x TP 8 x PP 8: 82.5 GiB; 96 GB parts, so it may not fit an 80 GB H100);
 `f8nc` = the six rows of torchao's float8nocompile table (8B FSDP 8, 1 x 4096; no AC / AC every 2nd layer / full
-AC; bf16 eager / float8 + compile; foreach AdamW). A row spec `ID+--key=value[+--key=value]` appends overrides to
+AC; bf16 eager / float8 + compile; foreach AdamW), `f8nc_eager` and `f8nc_float8` its two halves. A row spec `ID+--key=value[+--key=value]` appends overrides to
 that row (a variant: `h100_8b_s4096_fsdp8_no_ac_eager_f8nc+--optimizer.implementation=fused`); --extra-args
 appends overrides to every row (before a row's own). Both reach both sides and the estimator.
 
@@ -69,11 +69,18 @@ except ImportError:  # Python 3.10
 
 ROW_SETS = {
     "memory": ["h100_8b_fsdp8_eager", "h100_70b_fsdp32_tp8", "h100_405b_fsdp8_tp8_pp8_1f1b"],
-    "f8nc": [
-        f"h100_8b_s4096_fsdp8_{ac}_{kind}_f8nc"
-        for kind in ("eager", "compile_float8")
-        for ac in ("no_ac", "sac_layer", "full_ac")
-    ],
+    **{
+        name: [
+            f"h100_8b_s4096_fsdp8_{ac}_{kind}_f8nc"
+            for kind in kinds
+            for ac in ("no_ac", "sac_layer", "full_ac")
+        ]
+        for name, kinds in (
+            ("f8nc", ("eager", "compile_float8")),
+            ("f8nc_eager", ("eager",)),
+            ("f8nc_float8", ("compile_float8",)),
+        )
+    },
 }
 ROWS = ROW_SETS["memory"]
 SAME = (
@@ -175,7 +182,8 @@ def commands(label: str, row: dict, args: list[str], a, out: Path) -> tuple[list
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BENCH_TT_FLAVOR")}
     env.update(
-        NGPU=str(n),
+        NGPU=str(n),  # torchtitan's fake mode: the world size
+        LOCAL_RANK="0",  # its Trainer picks cuda:LOCAL_RANK (its run_train.sh sets it; KeyError without it)
         PYTHONPATH=str(Path(a.peer_path).resolve()),
         PYTHONUNBUFFERED="1",
         HF_DATASETS_OFFLINE="1",
@@ -388,7 +396,8 @@ def main(argv=None) -> int:
     if a.dry_run:
         for r, (ours, peer, env) in plans.items():
             print(
-                f"# {r}, ours\n{' '.join(ours)}\n# {r}, torchtitan\nNGPU={env['NGPU']} PYTHONPATH={env['PYTHONPATH']} {' '.join(peer)}"
+                f"# {r}, ours\n{' '.join(ours)}\n# {r}, torchtitan\nNGPU={env['NGPU']} LOCAL_RANK=0"
+                f" PYTHONPATH={env['PYTHONPATH']} {' '.join(peer)}"
             )
         print(f"\nour estimator, a rank priced on {hardware} (est.) and the published runs:\n")
         print(STEP_HEADER)

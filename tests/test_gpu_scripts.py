@@ -305,6 +305,7 @@ def test_sim_ranks_dry_run_rows_variants_profile_and_estimates(tok128k, capsys):
     # the profiled run: two more steps, the last recorded (profile_freq = steps), the dump folder last
     assert "--training.steps=7" in ours and "--profiling.profile_freq=7" in ours
     assert "--profiling.enable_profiling=true" in ours and ours[-1].startswith("--job.dump_folder=")
+    assert peer[:3] == ["NGPU=8", "LOCAL_RANK=0", "PYTHONPATH=/tmp/torchtitan_peer"]  # its Trainer reads both
     assert "--training.steps=5" in peer and not any("profil" in x for x in peer)
     other = cmds["h100_8b_s4096_fsdp8_full_ac_eager_f8nc, ours"]
     assert "--training.steps=5" in other and not any("profil" in x for x in other)
