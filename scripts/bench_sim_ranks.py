@@ -92,6 +92,8 @@ SAME = (
     "--optimizer.implementation",  # the same key and values (for-loop/foreach/fused) in torchtitan 0.2.2
 )
 
+FLOAT8_FLAGS = ("--float8.enable_fsdp_float8_all_gather", "--float8.precompute_float8_dynamic_scale_for_fsdp")
+
 
 class Stopped(Exception):
     """SIGTERM arrived (the command's time limit): stop the run in progress, report what is done."""
@@ -118,6 +120,8 @@ def peer_args(ours: list[str]) -> list[str]:
                 "--model.converters=quantize.linear.float8",
                 "--quantize.linear.float8.filter_fqns=output",
             ]
+        elif key in FLOAT8_FLAGS and value == "true":  # the same switches, under its quantize section
+            out.append(f"--quantize.linear.float8.{key.split('.')[-1]}")
         else:
             raise UserError(f"no torchtitan equivalent known for {arg}")
     return out

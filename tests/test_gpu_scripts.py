@@ -291,6 +291,18 @@ def test_sim_ranks_bad_arguments_are_one_line_exit_2(tok128k, capsys):
     assert "need 0 <= warmup < steps" in error("--steps=3", "--warmup=3")
     assert "'x' is not a --section.key=value override" in error("--extra-args=x")
     assert "no torchtitan equivalent known for --model.dim=64" in error("--extra-args=--model.dim=64")
+    # the 405B memory row's float8 switches: torchtitan 0.2.2 has them under quantize.linear.float8 (flags)
+    assert sim.peer_args(
+        [
+            "--float8.enable_fsdp_float8_all_gather=true",
+            "--float8.precompute_float8_dynamic_scale_for_fsdp=true",
+        ]
+    ) == [
+        "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+        "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+    ]
+    assert sim.main([f"--tokenizer={tok128k}", "--dry-run"]) == 0  # the default (memory) rows build
+    capsys.readouterr()
 
 
 def test_sim_ranks_dry_run_rows_variants_profile_and_estimates(tok128k, capsys):
