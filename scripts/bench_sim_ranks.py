@@ -275,7 +275,7 @@ def ours_figures(dump: Path, res: dict, a, label: str, out: Path) -> None:
     res["ours_step_s"], res["ours_steps_used"] = steady(times, a.warmup, a.steps)
     res["ours_step_times_s"] = list(times.values())
     wall = {x["step"]: x["time/step_s"] for x in rows if "time/step_s" in x}
-    res["ours_log_step_s"], _ = steady(wall, a.warmup, a.steps)  # log row to log row, as torchtitan's
+    res["ours_log_step_s"], _ = steady(wall, a.warmup, a.steps)  # log row to log row, as torchtitan's figure
     if "estimated_step_s" in sim:
         res["ours_estimated_step_s"] = sim["estimated_step_s"]
     for trace in sorted((dump / "profile_traces").glob("*.json")):
@@ -317,18 +317,24 @@ STEP_HEADER = (
 
 
 def step_lines(label: str, res: dict, sides: list[str]) -> list[str]:
+    """One line per side; ours twice: its steps between synchronizations (simulation.json) and, as torchtitan's
+    figure, log row to log row (metrics.jsonl's time/step_s: the per-step logging between the steps included)."""
     lines = []
-    for side in sides:
-        est = res.get(f"{side}_estimated_step_s") or res.get("estimated_step_s", {})
+    shown_sides = [(s, s) for s in sides if s != "ours"]
+    if "ours" in sides:
+        shown_sides[:0] = [("ours", "ours"), ("ours_log", "ours, log to log")]
+    for side, name in shown_sides:
+        key = "ours" if side == "ours_log" else side
+        est = res.get(f"{key}_estimated_step_s") or res.get("estimated_step_s", {})
         sim = res.get(f"{side}_step_s")
-        used = res.get(f"{side}_steps_used") or []
+        used = res.get(f"{key}_steps_used") or []
         shown = (
             f"{fmt(sim)} ({used[0]}-{used[-1]})"
             if sim is not None and used
-            else res.get(f"{side}_error", "n/a")
+            else res.get(f"{key}_error", "n/a")
         )
         lines.append(
-            f"| {label} | {side} | {fmt(res.get('published_step_s'))} | {fmt(res.get('estimated_full_step_s'))}"
+            f"| {label} | {name} | {fmt(res.get('published_step_s'))} | {fmt(res.get('estimated_full_step_s'))}"
             f" | {diff(res.get('published_step_s'), res.get('estimated_full_step_s'))} | {shown}"
             f" | {fmt(est.get('compute'))} | {fmt(est.get('optimizer'))} | {fmt(est.get('no_communication'))}"
             f" | {diff(sim, est.get('no_communication'))} |"

@@ -402,4 +402,6 @@ def test_sim_ranks_times_and_profiles_a_small_rank_on_cpu(tok128k, tmp_path):
     with gzip.open(trace["file"]) as f:
         assert json.load(f)["traceEvents"]
     line = next(x for x in r.stdout.splitlines() if x.startswith(f"| {NO_AC} | ours |"))
-    assert line.split(" | ")[5].endswith("(2-3)")
+    assert line.split(" | ")[5] == f"{res['ours_step_s']:.3f} (2-3)"
+    line = next(x for x in r.stdout.splitlines() if x.startswith(f"| {NO_AC} | ours, log to log |"))
+    assert line.split(" | ")[5] == f"{res['ours_log_step_s']:.3f} (2-3)"
