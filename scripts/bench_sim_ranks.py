@@ -200,19 +200,19 @@ def commands(label: str, row: dict, args: list[str], a, out: Path) -> tuple[list
 
 def device_hardware(choice: str) -> str:
     """The hardware table entry the steps are priced on: --hardware, or (auto) this machine's CUDA device, else
-    h100-sxm (what a dry run on a CPU machine previews)."""
+    h100-sxm (what a dry run on a CPU machine previews). The device is named by a child process, so this one holds
+    no CUDA context (its memory would be missing from the runs)."""
     if choice != "auto":
         return choice
-    import torch
-
     from torchtitan.metrics.hardware import match_device
 
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name()
-        if match_device(name) is None:
-            print(f"warning: {name} is not in the hardware table: priced as an H100 SXM", file=sys.stderr)
-        return match_device(name) or "h100-sxm"
-    return "h100-sxm"
+    probe = "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
+    name = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
+    if not name:
+        return "h100-sxm"
+    if match_device(name) is None:
+        print(f"warning: {name} is not in the hardware table: priced as an H100 SXM", file=sys.stderr)
+    return match_device(name) or "h100-sxm"
 
 
 def estimates(row: dict, args: list[str], hardware: str) -> dict:
