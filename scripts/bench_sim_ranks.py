@@ -187,7 +187,7 @@ def commands(label: str, row: dict, args: list[str], a, out: Path) -> tuple[list
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BENCH_TT_FLAVOR")}
     env.update(
         NGPU=str(n),  # torchtitan's fake mode: the world size
-        LOCAL_RANK="0",  # its Trainer picks cuda:LOCAL_RANK (its run_train.sh sets it; KeyError without it)
+        LOCAL_RANK="0",  # its Trainer picks cuda:LOCAL_RANK (0.2.2: KeyError without it, checked on CPU)
         PYTHONPATH=str(Path(a.peer_path).resolve()),
         PYTHONUNBUFFERED="1",
         HF_DATASETS_OFFLINE="1",
