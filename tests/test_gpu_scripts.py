@@ -270,3 +270,138 @@ def test_ours_runs_end_to_end_on_cpu_and_the_peer_says_why_not(tmp_path):
     )  # no CPU peak
     assert "needs CUDA" in res["variants"]["eager"]["torchtitan"]["error"]
     assert "| eager | ours |" in r.stdout
+
+
+# ---- scripts/bench_sim_ranks.py: simulated full-size ranks, memory and step time ----------------------------------
+
+sim = import_script("bench_sim_ranks")
+NO_AC = "h100_8b_s4096_fsdp8_no_ac_eager_f8nc"
+
+
+def test_sim_ranks_bad_arguments_are_one_line_exit_2(tok128k, capsys):
+    def error(*argv) -> str:
+        assert sim.main([f"--tokenizer={tok128k}", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ")
+        return err[0]
+
+    assert "unknown nope" in error("--rows=f8nc,nope")
+    assert "must read --section.key=value, not fused" in error(f"--rows={NO_AC}+fused")
+    assert "is not in --rows" in error("--rows=memory", f"--profile-rows={NO_AC}")
+    assert "need 0 <= warmup < steps" in error("--steps=3", "--warmup=3")
+    assert "'x' is not a --section.key=value override" in error("--extra-args=x")
+    assert "no torchtitan equivalent known for --model.dim=64" in error("--extra-args=--model.dim=64")
+    # the 405B memory row's float8 switches: torchtitan 0.2.2 has them under quantize.linear.float8 (flags)
+    assert sim.peer_args(
+        [
+            "--float8.enable_fsdp_float8_all_gather=true",
+            "--float8.precompute_float8_dynamic_scale_for_fsdp=true",
+        ]
+    ) == [
+        "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+        "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+    ]
+    assert sim.main([f"--tokenizer={tok128k}", "--dry-run"]) == 0  # the default (memory) rows build
+    capsys.readouterr()
+
+
+def test_sim_ranks_dry_run_rows_variants_profile_and_estimates(tok128k, capsys):
+    argv = [f"--tokenizer={tok128k}", f"--rows=f8nc,{NO_AC}+--optimizer.implementation=fused", "--steps=5",
+            f"--profile-rows={NO_AC}", "--hardware=h100-sxm", "--dry-run"]  # fmt: skip
+    assert sim.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    cmds = {x[2:]: shlex.split(out[i + 1]) for i, x in enumerate(out) if x.startswith("# ")}
+    fused = f"{NO_AC}+optimizer.implementation-fused"
+    assert [k.rsplit(", ", 1)[0] for k in cmds][::2] == [*sim.ROW_SETS["f8nc"], fused]
+    ours, peer = cmds[f"{NO_AC}, ours"], cmds[f"{NO_AC}, torchtitan"]
+    # the profiled run: two more steps, the last recorded (profile_freq = steps), the dump folder last
+    assert "--training.steps=7" in ours and "--profiling.profile_freq=7" in ours
+    assert "--profiling.enable_profiling=true" in ours and ours[-1].startswith("--job.dump_folder=")
+    assert peer[:3] == ["NGPU=8", "LOCAL_RANK=0", "PYTHONPATH=/tmp/torchtitan_peer"]  # its Trainer reads both
+    assert "--training.steps=5" in peer and not any("profil" in x for x in peer)
+    other = cmds["h100_8b_s4096_fsdp8_full_ac_eager_f8nc, ours"]
+    assert "--training.steps=5" in other and not any("profil" in x for x in other)
+    # a variant's override comes after the row's own on both sides (the last value wins)
+    for side in ("ours", "torchtitan"):
+        impl = [x for x in cmds[f"{fused}, {side}"] if x.startswith("--optimizer.implementation=")]
+        assert impl == ["--optimizer.implementation=foreach", "--optimizer.implementation=fused"]
+    # the estimator's table: published step = the row's tokens per GPU and step / its tokens/s
+    rows = {
+        x.split(" | ")[0][2:]: x.split(" | ")
+        for x in out
+        if x.startswith("| h100_") and " | estimate | " in x
+    }
+    assert list(rows) == [*sim.ROW_SETS["f8nc"], fused]
+    assert float(rows[NO_AC][2]) == pytest.approx(4096 / 5339.0, abs=1e-3)
+    assert float(rows[fused][7]) < float(rows[NO_AC][7])  # fused AdamW: fewer passes over the states
+    for cells in rows.values():
+        published, full, gap = float(cells[2]), float(cells[3]), float(cells[4])
+        assert gap == pytest.approx(published - full, abs=2e-3)
+        compute, opt, no_comm = float(cells[6]), float(cells[7]), float(cells[8])
+        assert no_comm == pytest.approx(compute + opt, abs=2e-3) and 0 < no_comm < full
+    fits = [x for x in out if x.startswith("| h100_") and x.endswith(" | True |")]
+    assert len(fits) == 7  # every row fits an 80 GB H100 by the estimator's memory
+
+
+def test_sim_ranks_reads_torchtitan_step_seconds(tmp_path):
+    """torchtitan 0.2.2's log rows (its format, colors off): seconds per step = the rank's tokens / its tps."""
+    log = tmp_path / "peer.log"
+    log.write_text(
+        "step:  1  loss: 12.01234  grad_norm:  9.1234  memory: 40.12GiB(42.17%)  tps: 301  tflops: 15.49  mfu: 1.57%\n"
+        "step:  2  loss: 11.71234  grad_norm:  5.1234  memory: 49.50GiB(52.08%)  tps: 4,096  tflops: 210.8  mfu: 21.32%\n"
+        "step:  3  loss: 11.01234  grad_norm:  3.1234  memory: 49.50GiB(52.08%)  tps: 5,120  tflops: 263.5  mfu: 26.65%\n"
+        "\x1b[31mstep:  4  loss: 10.01234  grad_norm:  2.1234  memory: 49.60GiB(52.18%)  tps: 4,096  tflops: 210.8  mfu: 21.32%\x1b[39m\n"
+    )
+    secs, mem = sim.peer_step_seconds(log, 4096, 1)
+    assert secs == pytest.approx({1: 4096 / 301, 2: 1.0, 3: 0.8, 4: 1.0}) and max(mem) == 49.6
+    assert sim.steady(secs, 2, 4) == (pytest.approx(0.9), [3, 4])  # steps 1-2 are warm-up
+    assert sim.peer_step_seconds(log, 4096, 8)[0][2] == pytest.approx(1 / 8)  # tps is per tp x pp x cp ranks
+
+
+def test_sim_ranks_time_limit_still_reports(tok128k, tmp_path, monkeypatch, capsys):
+    """SIGTERM (the command's `timeout`) during a run: the tables and results.json say what is done, exit 124."""
+
+    def stopped(*a, **k):
+        raise sim.Stopped
+
+    monkeypatch.setattr(sim, "run", stopped)
+    argv = [f"--tokenizer={tok128k}", f"--rows={NO_AC},h100_8b_s4096_fsdp8_full_ac_eager_f8nc", "--sides=ours",
+            f"--out={tmp_path}", "--hardware=h100-sxm"]  # fmt: skip
+    assert sim.main(argv) == 124
+    import json
+
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert list(res) == [NO_AC] and "SIGTERM" in res[NO_AC]["stopped"]
+    assert res[NO_AC]["published_step_s"] == pytest.approx(4096 / 5339.0)
+    assert f"| {NO_AC} | ours |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_sim_ranks_times_and_profiles_a_small_rank_on_cpu(tok128k, tmp_path):
+    """A real (tiny) simulated rank through the step-time path: the debug model in the row's FSDP 8 layout, its
+    steady steps, simulation.json's estimate, one profiled step whose trace comes back gzipped."""
+    import gzip
+    import json
+
+    r = subprocess.run(
+        [sys.executable, "scripts/bench_sim_ranks.py", f"--tokenizer={tok128k}", f"--rows={NO_AC}",
+         "--extra-args=--model.flavor=debugmodel --training.seq_len=64", "--steps=3", "--warmup=1",
+         f"--profile-rows={NO_AC}", "--sides=ours", f"--out={tmp_path}"],
+        cwd=ROOT, env=train_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((tmp_path / "results.json").read_text())[NO_AC]
+    assert (
+        res["ours_steps_used"] == [2, 3] and len(res["ours_step_times_s"]) == 5
+    )  # + profiler warm-up, recorded
+    assert res["ours_step_s"] > 0 and res["ours_log_step_s"] > 0 and res["ours_gib"] > 0
+    est = res["ours_estimated_step_s"]
+    assert est["no_communication"] == pytest.approx(est["compute"] + est["optimizer"])
+    (trace,) = res["ours_traces"]
+    assert trace["file"].endswith(f"{NO_AC}-ours-step5.trace.json.gz") and trace["gz_mib"] < 16
+    with gzip.open(trace["file"]) as f:
+        assert json.load(f)["traceEvents"]
+    line = next(x for x in r.stdout.splitlines() if x.startswith(f"| {NO_AC} | ours |"))
+    assert line.split(" | ")[5] == f"{res['ours_step_s']:.3f} (2-3)"
+    line = next(x for x in r.stdout.splitlines() if x.startswith(f"| {NO_AC} | ours, log to log |"))
+    assert line.split(" | ")[5] == f"{res['ours_log_step_s']:.3f} (2-3)"

@@ -24,7 +24,10 @@ from conftest import ROOT, import_script, run_script, train_env
 
 pytestmark = pytest.mark.slow
 
-KEYS = {"world_size", "rank", "device", "measured_gib", "estimated_gib", "step_time_s", "estimated_compute_s"}
+KEYS = {
+    "world_size", "rank", "device", "measured_gib", "estimated_gib", "step_time_s", "estimated_compute_s",
+    "step_times_s", "estimated_step_s",
+}  # fmt: skip
 CATEGORIES = {"parameters", "gradients", "optimizer_states", "activations", "peak"}
 STATES = ("parameters", "gradients", "optimizer_states")
 
@@ -146,6 +149,14 @@ def check_result(dump, args, world, rank):
     assert (result["world_size"], result["rank"], result["device"]) == (world, rank, "cpu")
     assert CATEGORIES <= set(result["measured_gib"]) and CATEGORIES <= set(result["estimated_gib"])
     assert result["step_time_s"] > 0 and result["estimated_compute_s"] > 0
+    assert result["step_time_s"] == min(result["step_times_s"][1:] or result["step_times_s"])
+    parts = result["estimated_step_s"]
+    assert set(parts) == {"compute", "optimizer", "no_communication", "full"}
+    assert parts["no_communication"] == result["estimated_compute_s"]
+    assert parts["no_communication"] == pytest.approx(parts["compute"] + parts["optimizer"])
+    assert parts["no_communication"] > parts["compute"] > 0
+    # None where the CPU's missing interconnect rates would price the N-rank step's communication
+    assert parts["full"] is None or parts["full"] >= parts["no_communication"]
     est = estimator_states(args, world, rank)
     for k in STATES:
         assert result["measured_gib"][k] == pytest.approx(est[k], rel=0.02), (k, result["measured_gib"], est)

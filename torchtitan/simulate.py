@@ -215,7 +215,8 @@ class Simulation:
     ) -> dict:
         measured = self.measured_gib(model_parts, optimizer, device)
         pp_rank = dims.mesh("pp").get_local_rank() if dims.pp_enabled else 0
-        estimated, compute_s = estimate_rank(self.cfg, self.world_size, pp_rank, device, peak_tflops)
+        estimated, parts = estimate_rank(self.cfg, self.world_size, pp_rank, device, peak_tflops)
+        compute_s = parts["no_communication"]
         step_time = min(self.step_times[1:] or self.step_times)  # after the first step's warm-up, if any
         result = {
             "world_size": self.world_size,
@@ -225,6 +226,8 @@ class Simulation:
             "estimated_gib": estimated,
             "step_time_s": step_time,
             "estimated_compute_s": compute_s,
+            "step_times_s": list(self.step_times),  # every step, first included (sync to sync)
+            "estimated_step_s": parts,
         }
         path = os.path.join(self.cfg.job.dump_folder, "simulation.json")
         with open(path, "w") as f:
@@ -251,13 +254,14 @@ def _bytes(tensors) -> int:
 
 
 def estimate_rank(cfg, world_size: int, pp_rank: int, device: torch.device, peak_tflops: float):
-    """The estimator's memory breakdown (GiB, plus "peak") for this pipeline rank and its compute seconds per step
-    (compute + recompute + optimizer: the parts a fake-backend step contains) on this device. On CPU the rates
-    are this run's measured matmul peak and a short copy-bandwidth measurement."""
+    """The estimator's memory breakdown (GiB, plus "peak") for this pipeline rank and its step seconds on this
+    device, as `steptime.rank_step_parts` splits them (compute, optimizer, their sum `no_communication`: the parts
+    a fake-backend step contains; `full`: the N-rank job's step). On CPU the rates are this run's measured matmul
+    peak and a short copy-bandwidth measurement."""
     from torchtitan.estimate.calibrate import measure_bandwidth
     from torchtitan.estimate.memory import KEYS, rank_memory
     from torchtitan.estimate.plan import Calibration, build_plan
-    from torchtitan.estimate.steptime import training_step_time
+    from torchtitan.estimate.steptime import rank_step_parts, training_step_time
     from torchtitan.metrics.hardware import match_device
 
     c = copy.deepcopy(cfg)
@@ -281,5 +285,4 @@ def estimate_rank(cfg, world_size: int, pp_rank: int, device: torch.device, peak
     parts = rank_memory(plan, pp_rank)
     estimated = {k: parts[k] / GIB for k in KEYS}
     estimated["peak"] = sum(parts.values()) / GIB
-    b = training_step_time(plan)["step_time_breakdown_s"]
-    return estimated, b["compute"] + b["recompute"] + b["optimizer"]
+    return estimated, rank_step_parts(training_step_time(plan))

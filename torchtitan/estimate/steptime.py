@@ -20,6 +20,7 @@ straggler    the wait for the slowest of the job's GPUs: a share of the synchron
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from . import collectives, rates, stragglers
@@ -768,4 +769,20 @@ def training_step_time(plan: Plan) -> dict:
         "step_time_s": sum(breakdown.values()),
         "step_time_breakdown_s": breakdown,
         "compute_detail_s": detail,
+    }
+
+
+def rank_step_parts(t: dict) -> dict[str, float]:
+    """What one simulated rank's step (`--comm.mode=fake_backend`: real compute, collectives that return at once)
+    contains, from `training_step_time`'s answer: `compute` (forward, backward and recompute, FSDP2's copy-in and
+    copy-out included), `optimizer` (AdamW plus gradient clipping), `no_communication` (their sum: what a simulated
+    rank should measure) and `full` (the whole step of the N-rank job, with exposed communication, the straggler
+    share and any pipeline bubble; None where the hardware has no interconnect rates, as the CPU)."""
+    b = t["step_time_breakdown_s"]
+    compute = b["compute"] + b["recompute"]
+    return {
+        "compute": compute,
+        "optimizer": b["optimizer"],
+        "no_communication": compute + b["optimizer"],
+        "full": t["step_time_s"] if math.isfinite(t["step_time_s"]) else None,
     }
