@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_torchtitan import ANSI, PEER_ROW, write_peer_tokenizer  # noqa: E402
+from bench_torchtitan import ours_metrics, peer_log_rows, write_peer_tokenizer  # noqa: E402
 
 from torchtitan.errors import UserError  # noqa: E402
 
@@ -257,7 +257,7 @@ def steady(values: dict[int, float], warmup: int, steps: int) -> tuple[float | N
 
 def peer_step_seconds(log: Path, tokens: int, divisor: int) -> tuple[dict[int, float], list[float]]:
     """torchtitan 0.2.2's log rows as {step: seconds} (tokens / (tps x divisor)) and their memory figures."""
-    rows = [m for m in (PEER_ROW.search(ANSI.sub("", x)) for x in log.read_text().splitlines()) if m]
+    rows = peer_log_rows(log)
     secs = {
         int(m.group(1)): tokens / (float(m.group(4).replace(",", "")) * divisor)
         for m in rows
@@ -267,8 +267,7 @@ def peer_step_seconds(log: Path, tokens: int, divisor: int) -> tuple[dict[int, f
 
 
 def ours_figures(dump: Path, res: dict, a, label: str, out: Path) -> None:
-    rows = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
-    res["ours_gib"] = max(x.get("memory/max_reserved_gib", x.get("memory/max_rss_gib", 0.0)) for x in rows)
+    rows, res["ours_gib"] = ours_metrics(dump)
     sim = json.loads((dump / "simulation.json").read_text())
     res["estimated_gib"] = sim.get("estimated_gib", {}).get("peak")
     times = dict(enumerate(sim.get("step_times_s", []), start=1))

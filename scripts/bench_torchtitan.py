@@ -347,9 +347,19 @@ def run_logged(
         return p.wait(), first
 
 
-def ours_rows(dump: Path, a) -> tuple[list[dict], int | None]:
+def ours_metrics(dump: Path) -> tuple[list[dict], float]:
+    """Our run's metrics.jsonl rows and its peak memory in GiB (CUDA: max reserved; CPU: max RSS)."""
     rows = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
-    mem = max(r.get("memory/max_reserved_gib", r.get("memory/max_rss_gib", 0.0)) for r in rows)
+    return rows, max(r.get("memory/max_reserved_gib", r.get("memory/max_rss_gib", 0.0)) for r in rows)
+
+
+def peer_log_rows(log: Path) -> list[re.Match]:
+    """torchtitan's step log rows in `log` (PEER_ROW matches, terminal colours stripped)."""
+    return [m for m in (PEER_ROW.search(ANSI.sub("", x)) for x in log.read_text().splitlines()) if m]
+
+
+def ours_rows(dump: Path, a) -> tuple[list[dict], int | None]:
+    rows, mem = ours_metrics(dump)
     timed = [
         r["throughput/tokens_per_sec_per_device"]
         for r in rows
@@ -359,7 +369,7 @@ def ours_rows(dump: Path, a) -> tuple[list[dict], int | None]:
 
 
 def peer_rows(log: Path, a) -> tuple[list[float], float]:
-    rows = [m for m in (PEER_ROW.search(ANSI.sub("", x)) for x in log.read_text().splitlines()) if m]
+    rows = peer_log_rows(log)
     mem = max((float(m.group(3)) for m in rows), default=0.0)
     timed = [
         float(m.group(4).replace(",", ""))
