@@ -261,17 +261,17 @@ class Plan:
         parameters and autocasts its matmuls (parallel/mixed_precision.py)."""
         return not self.fsdp_wrapped and self.act_bytes == 2
 
-    def float8_input_groups(self, every: bool) -> frozenset:
-        """Compiled float8 blocks: the matmul-input groups all of whose linears are converted (`every`:
-        BlockShape.f8_inputs) or some but not all (BlockShape.f8_partial)."""
+    def float8_input_groups(self) -> tuple[frozenset, frozenset]:
+        """Compiled float8 blocks: the matmul-input groups all of whose linears are converted
+        (BlockShape.f8_inputs) and those with some but not all (BlockShape.f8_partial)."""
         if not (self.float8 and self.compile_model):
-            return frozenset()
+            return frozenset(), frozenset()
         conv = {lin.name: lin.float8 for lin in self.block_linears}
         groups = {"attn": ("wq", "wk", "wv"), "wo": ("wo",), "ffn": ("w1", "w3"), "w2": ("w2",)}
-        n = {g: sum(conv.get(x, False) for x in names) for g, names in groups.items()}
-        return frozenset(
-            g for g, names in groups.items() if (n[g] == len(names) if every else 0 < n[g] < len(names))
-        )
+        converted = {g: sum(conv.get(x, False) for x in names) for g, names in groups.items()}
+        every = frozenset(g for g, names in groups.items() if converted[g] == len(names))
+        some = frozenset(g for g in groups if converted[g]) - every
+        return every, some
 
     @property
     def stream_bytes(self) -> int:
@@ -290,6 +290,7 @@ class Plan:
     @property
     def shape(self) -> BlockShape:
         a, t = self.args, self.tp
+        f8_every, f8_some = self.float8_input_groups()
         return BlockShape(
             d=a.dim,
             h=a.n_heads * a.head_dim // t,
@@ -300,8 +301,8 @@ class Plan:
             sequence_parallel=self.sequence_parallel,
             act_bytes=self.act_bytes,
             stream_bytes=self.stream_bytes,
-            f8_inputs=self.float8_input_groups(every=True),
-            f8_partial=self.float8_input_groups(every=False),
+            f8_inputs=f8_every,
+            f8_partial=f8_some,
             fused_norm=not self.hw.is_cpu and self.cfg.estimate.eager_rms_norm == "fused",
             op_saves_attention=self.cfg.estimate.sac_saves_attention,
         )
