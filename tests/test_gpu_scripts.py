@@ -405,3 +405,39 @@ def test_sim_ranks_times_and_profiles_a_small_rank_on_cpu(tok128k, tmp_path):
     assert line.split(" | ")[5] == f"{res['ours_step_s']:.3f} (2-3)"
     line = next(x for x in r.stdout.splitlines() if x.startswith(f"| {NO_AC} | ours, log to log |"))
     assert line.split(" | ")[5] == f"{res['ours_log_step_s']:.3f} (2-3)"
+
+
+gs = import_script("bench_gemm_beside_sms")
+
+
+def test_gemm_beside_sms_lists_the_planned_block_gemms(capsys):
+    assert gs.main(["--dry-run", "--sets=8b,405b-tp8"]) == 0
+    out = capsys.readouterr().out
+    assert "8b: 21 GEMMs: wq.fwd 8192x4096x4096, wk.fwd 8192x1024x4096" in out
+    assert "w2.fwd 8192x4096x14336" in out and "w1.wgrad 14336x4096x8192" in out
+    # TP 8 splits the output features of wq/wk/wv/w1/w3 and the input features of wo/w2
+    assert "405b-tp8: 21 GEMMs: wq.fwd 16384x2048x16384, wk.fwd 16384x128x16384" in out
+    assert "wo.fwd 16384x16384x2048" in out and "w2.fwd 16384x16384x6656" in out
+
+
+def test_gemm_beside_sms_rules():
+    ms = 1e-3
+    # static persistent: the displaced CTAs wait min(R, W); any k >= 1 does it
+    assert gs.predict("static", [ms], 0.5 * ms, 132, 2, [True]) == pytest.approx(1.5 * ms)
+    assert gs.predict("static", [ms], 4 * ms, 132, 16, [True]) == pytest.approx(2 * ms)
+    assert gs.predict("static", [ms, ms, ms], 1.5 * ms, 132, 2, [True] * 3) == pytest.approx(4 * ms)
+    # share: only the part under the holder runs on the SMs left; a kernel that is not persistent takes this rule
+    assert gs.predict("share", [ms], 4 * ms, 132, 16, [True]) == pytest.approx(ms * 132 / 116)
+    assert gs.predict("static", [ms], 0.5 * ms, 132, 16, [False]) == pytest.approx(
+        0.5 * ms + ms - 0.5 * ms * 116 / 132
+    )
+    assert gs.predict("static", [ms], 4 * ms, 132, 0, [True]) == pytest.approx(ms)
+
+
+def test_gemm_beside_sms_bad_arguments_are_one_line_exit_2(capsys):
+    for bad in (["--sets=8b,9b"], ["--dtypes=fp4"], ["--holders=a"], ["--hold-ms=0"]):
+        with pytest.raises(SystemExit) as e:
+            gs.main(bad)
+        assert e.value.code == 2, bad
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "error:" in err, err
