@@ -117,6 +117,46 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, message):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+_LAYOUTS = {
+    "8B FSDP 8": ["--model.flavor=8B", "--estimate.num_devices=8"],
+    "70B FSDP 8 x TP 8": ["--model.flavor=70B", "--estimate.num_devices=64", "--parallelism.tensor_parallel_degree=8"],
+    "405B TP 8 x PP 8": ["--model.flavor=405B", "--estimate.num_devices=512", "--parallelism.tensor_parallel_degree=8",
+                         "--parallelism.pipeline_parallel_degree=8"],
+    "8B CP 4 at 32K": ["--model.flavor=8B", "--estimate.num_devices=16", "--parallelism.context_parallel_degree=4",
+                       "--training.seq_len=32768"],
+    "8B HSDP 2 x 8": ["--model.flavor=8B", "--estimate.num_devices=16", "--parallelism.data_parallel_replicate_degree=2"],
+    "1B one device": ["--model.flavor=1B", "--estimate.num_devices=1"],
+}  # fmt: skip
+_TECHNIQUES = {
+    "eager per-op SAC": [],
+    "compile + float8 rowwise": ["--compile.enable=true", "--float8.enable=true", "--float8.recipe=rowwise"],
+    "full AC": ["--activation_checkpoint.mode=full"],
+}
+
+
+@pytest.mark.parametrize("hardware", sorted(k for k in {**DEVICE_SPECS, **ESTIMATOR_SPECS} if k != "CPU"))
+def test_every_part_and_layout_gives_consistent_figures_or_a_clear_refusal(hardware):
+    """What a user planning on any part of the table gets: for each layout and technique, finite figures whose
+    breakdowns add up, an MFU in (0, 100) and positive memory, or a one-line UserError (e.g. float8 on a part
+    without float8 tensor cores) -- never a crash."""
+    for lname, layout in _LAYOUTS.items():
+        for tname, technique in _TECHNIQUES.items():
+            argv = [f"--estimate.hardware={hardware}", "--training.local_batch_size=1", *layout, *technique]
+            if not any(a.startswith("--training.seq_len") for a in argv):
+                argv.append("--training.seq_len=8192")
+            try:
+                r = estimate_training(parse_args(argv))
+            except UserError as e:
+                assert "\n" not in str(e) and str(e), (hardware, lname, tname)
+                continue
+            where = (hardware, lname, tname)
+            parts = r["step_time_breakdown_s"]
+            assert all(math.isfinite(v) and v >= 0 for v in parts.values()), where
+            assert math.isclose(sum(parts.values()), r["step_time_s"], rel_tol=1e-9), where
+            assert math.isclose(sum(r["memory_breakdown_gib"].values()), r["memory_gib"], rel_tol=1e-9), where
+            assert 0 < r["mfu_percent"] < 100 and r["tokens_per_sec_per_device"] > 0, where
+
+
 # ---------------------------------------------------------------- one FLOPs counter, one hardware table
 
 
