@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """How much a training GEMM slows while another kernel holds a few SMs, on one GPU: the question behind the
-per-step gap of 8-GPU FSDP runs (docs/estimate.md, "The persistent-GEMM reading").
+per-step gap of 8-GPU FSDP runs (docs/estimate_log.md, "The persistent-GEMM reading").
 
     python scripts/bench_gemm_beside_sms.py --dry-run                  # the GEMMs and what each rule predicts
     python scripts/bench_gemm_beside_sms.py --out /tmp/gs               # on a GPU (docs/performance.md, command g)

@@ -11,7 +11,7 @@ this machine's CPU. The tensors are tiny on purpose: what is timed is what the h
 work (dispatch, DTensor's sharding propagation, the optimizer's Python), the part that would stay the same on a
 GPU host whose kernels run elsewhere; on a CPU the foreach ops also loop per tensor, so the plain-tensor figures
 are an upper bound for a GPU's fused multi-tensor launches, and the DTensor minus plain difference is DTensor's own
-cost. docs/estimate.md, "The per-step gap of 8-GPU FSDP runs", uses it.
+cost. docs/estimate_log.md, "The per-step gap of 8-GPU FSDP runs", uses it.
 """
 
 from __future__ import annotations

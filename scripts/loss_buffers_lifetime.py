@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Are the loss buffers (the logits, the loss's saved tensors, the logits' gradients) still alive when the last
-transformer block's backward starts? (CPU; docs/estimate.md, "The compiled loss and the logits".)
+transformer block's backward starts? (CPU; docs/estimate_log.md, "The compiled loss and the logits".)
 
     python scripts/loss_buffers_lifetime.py                       # eager blocks, eager loss, full AC
     python scripts/loss_buffers_lifetime.py --compile             # compiled blocks and compiled loss, full AC

@@ -565,7 +565,7 @@ def test_compiled_saved_activations_match_inductor():
     """The compiled rules of saved_per_token against what Inductor's partitioner really saves for one compiled
     block of this trainer (scripts/compiled_saved.py, CPU fp32): no AC keeps every matmul's input and output
     (not w2's output), per-op AC only what the backward reads of its save list (not w2's output); with float8
-    linears, the inputs backward can rebuild and recast (docs/estimate.md, "Compiled float8 blocks")."""
+    linears, the inputs backward can rebuild and recast (docs/estimate_log.md, "Compiled float8 blocks")."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from compiled_saved import saved_by_compiled_block
 
@@ -591,7 +591,7 @@ def test_compiled_saved_activations_match_inductor():
 
 
 def test_loss_buffers_freed_before_the_last_block_backward():
-    """The fact docs/estimate.md ("The compiled loss and the logits") reports, on the trainer's own loss path
+    """The fact docs/estimate_log.md ("The compiled loss and the logits") reports, on the trainer's own loss path
     (scripts/loss_buffers_lifetime.py, eager, full AC): no [tokens, vocab] tensor of the loss region is alive when
     the last block's backward starts, while the logits' gradient still is when the head's backward starts."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -952,7 +952,7 @@ def test_cpu_resident_memory_counts_measured_runtime_and_heap_retention():
 
 
 def test_dtensor_host_time_script_prints_its_table():
-    """scripts/dtensor_host_time.py (docs/estimate.md, "The per-step gap of 8-GPU FSDP runs") times the 8B's 291
+    """scripts/dtensor_host_time.py (docs/estimate_log.md, "The per-step gap of 8-GPU FSDP runs") times the 8B's 291
     parameters' AdamW step and clipping, plain and as DTensors over a fake process group: three rows of two positive
     figures (the figures themselves are this machine's and not asserted)."""
     out = subprocess.run(

@@ -1,7 +1,7 @@
 """The estimator's traffic under autocast (torchtitan/estimate/steptime.py, `autocast_eager_bytes` and
 `autocast_weight_cast_bytes`) against the op stream one block of this trainer really runs
 (scripts/eager_elementwise_bytes.py: every aten op's tensor bytes, CPU standing in for CUDA, the norm counted as
-CUDA's fused kernels unless said otherwise) and the graphs a compiled block runs (scripts/compiled_weight_casts.py). docs/estimate.md, "Eager under autocast: the casts and fp32 traffic
+CUDA's fused kernels unless said otherwise) and the graphs a compiled block runs (scripts/compiled_weight_casts.py). docs/estimate_log.md, "Eager under autocast: the casts and fp32 traffic
 measured"."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ _PP_MEM = (
 _PERSISTENT_GEMMS = (
     ". Sourced candidate, tried and not adopted: Hopper's persistent GEMMs run a second wave beside NCCL's CTAs"
     " (pytorch/pytorch#143988, #147966); priced, it brings this row within goal but pushes the 405B FSDP 16 x TP 8"
-    " float8 rows to -19 % (docs/estimate.md, 'The persistent-GEMM reading')"
+    " float8 rows to -19 % (docs/estimate_log.md, 'The persistent-GEMM reading')"
 )
 _MI300X = (
     "MI300X (+40..+44 %, the same for bf16, tensorwise and rowwise: float8's extra work is priced right, the"

@@ -101,7 +101,8 @@ def train(cfg: JobConfig) -> int:
         for _ in range(run.accum_steps):  # gradients add up over micro-steps
             data_start = time.perf_counter()
             inputs, labels = next(data_iter)
-            data_time += time.perf_counter() - data_start  # the loader's own time: the copy below is step time
+            # the loader's own time: the copy below is step time
+            data_time += time.perf_counter() - data_start
             # from pageable memory the driver may sync the stream before the copy (the host waits for the queued step)
             inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             with run.cp_context(inputs, labels):  # context parallel: shards them on the sequence; else no-op

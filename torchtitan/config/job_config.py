@@ -459,7 +459,9 @@ class Estimate:
     power_limit_w: float | None = opt(
         None, "the parts' power limit in W when below their TDP (torchtitan's H100s: 500); slows compute"
     )
-    memory_gib: float | None = opt(None, "override device memory in GiB (96 GB H100: 95.04, what torch reports)")
+    memory_gib: float | None = opt(
+        None, "override device memory in GiB (96 GB H100: 95.04, what torch reports)"
+    )
     hbm_bandwidth_gbps: float | None = opt(None, "override device memory bandwidth, GB/s")
     intra_node_bandwidth_gbps: float | None = opt(
         None, "override per-device intra-node bandwidth, GB/s per direction"

@@ -147,7 +147,7 @@ def measure_collectives(plan: Plan, device, seconds) -> float | None:
 # The trainer's own build and two steps, on a model shrunk to nothing (one block of width 64, one 16-token sequence,
 # one process): what stays resident is the runtime -- imports, tokenizer, dataset, process group, logger, metrics,
 # and the code and data pages of the kernels a step runs (oneDNN, SDPA, the optimizer), which a process that only
-# imports never touches (docs/estimate.md, "CPU resident memory").
+# imports never touches (docs/estimate_log.md, "CPU resident memory").
 _LAUNCHER_VARS = (
     "RANK",
     "LOCAL_RANK",

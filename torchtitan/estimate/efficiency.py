@@ -5,7 +5,7 @@ microbenchmarks in torchtitan/estimate/rates.py. What stays here are fractions o
 structural constants, each with its basis; none is chosen by fitting the reference rows of
 tests/estimate_reference.toml (validation.FITTED lists the constants that are, and it is empty). One was set
 earlier looking at gpt-fast's decode rows and has no independent source yet: decode_layer_overhead_us
-(docs/estimate.md, "Decode kernels' bandwidth, second search").
+(docs/estimate_log.md, "Decode kernels' bandwidth, second search").
 `--estimate.calibrate` replaces the compute and bandwidth rates by measurements on the devices present
 (torchtitan/estimate/calibrate.py); the structural constants (overlap, fragmentation) stay.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# ---- decode kernels' bandwidth (docs/estimate.md, "Decode kernels' bandwidth, second search") ----
+# ---- decode kernels' bandwidth (docs/estimate_log.md, "Decode kernels' bandwidth, second search") ----
 # bf16 decode: gpt-fast's "peak bandwidth is about 1700 GB/s" on its 330 W A100 (of 2,039).
 DECODE_HBM_BF16 = 0.83
 # int8 weight-only (Inductor's fused dequantize + GEMV, what gpt-fast's and torchao's int8 linears compile to at
@@ -70,7 +70,7 @@ class Efficiency:
     # graph's fused collectives (recompute, backward all-gathers) -0.077 / -0.055 / -0.084 under full AC and
     # -0.42 / -0.45 under op SAC: exposed 1.07 and 1.43, i.e. there the fused ops cost more than the plain
     # collectives plus the copies they replace (the post names the decomposed matmuls' wave quantization). Blocks
-    # without recompute take the op-SAC figure (no measurement). docs/estimate.md, "Async TP, measured";
+    # without recompute take the op-SAC figure (no measurement). docs/estimate_log.md, "Async TP, measured";
     # tests/test_estimate_validation.py re-derives all three.
     async_tp_exposed: float = 0.66
     async_tp_backward_exposed_full: float = 1.07
@@ -83,7 +83,7 @@ class Efficiency:
     # on the tensors of a small model live in the heap, whose freed holes stay resident. Measured as resident peak
     # with glibc's defaults minus with MALLOC_MMAP_THRESHOLD_=131072 (every tensor unmapped when freed), over the
     # estimated tensor peak: debug model at batch 4 0.036 / 0.174 GiB = 0.21, debugmodel_large at batch 2
-    # 0.078 / 0.454 GiB = 0.17; the mean. docs/estimate.md, "CPU resident memory".
+    # 0.078 / 0.454 GiB = 0.17; the mean. docs/estimate_log.md, "CPU resident memory".
     cpu_heap_retention: float = 0.19
     # CUDA context + NCCL buffers: outside the allocator, counted only for `fits`
     cuda_context_gib: float = 1.0

@@ -180,7 +180,7 @@ STREAM_INPUT_LINEARS = ("wq", "wk", "wv", "w1", "w3")
 
 def autocast_eager_bytes(plan: Plan) -> tuple[float, float, float]:
     """(forward, backward, recompute) bytes per token that an eager block moves under autocast beyond
-    `elementwise_bytes` (docs/estimate.md, "Eager under autocast: the casts and fp32 traffic measured"; measured
+    `elementwise_bytes` (docs/estimate_log.md, "Eager under autocast: the casts and fp32 traffic measured"; measured
     by scripts/eager_elementwise_bytes.py, which the unit test pins these bytes to).
 
     With one data-parallel rank the trainer keeps fp32 parameters and autocasts the forward
@@ -608,7 +608,7 @@ def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool
 def async_tp_exposed_time(
     plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool
 ) -> float:
-    """Exposed seconds of the TP collectives of one pass under torch's async TP (docs/estimate.md, "Async TP,
+    """Exposed seconds of the TP collectives of one pass under torch's async TP (docs/estimate_log.md, "Async TP,
     measured").
 
     The forward graph's collectives, all fused with their matmuls, stay `async_tp_exposed` of their time; in the
