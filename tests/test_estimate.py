@@ -97,6 +97,52 @@ def test_json_has_the_issue_keys_and_gpu_hours(tmp_path):
     assert math.isclose(data["days"], data["gpu_hours"] / 256 / 24)
 
 
+def test_accuracy_uses_the_comparable_rows_and_widens_when_none_match():
+    from torchtitan.estimate import accuracy
+
+    def row(device, layout, error, what="tokens/s/device"):
+        return dict(what=what, device=device, layout=layout, error=error)
+
+    rows = [row("H100 SXM", "data parallel", 0.10), row("H200", "data parallel", -0.02),
+            row("H100 SXM", "tensor parallel", 0.30), row("A100", "data parallel", 0.50),
+            row("H100 SXM", "data parallel", 0.05, what="memory GiB")]  # fmt: skip
+    a = accuracy.comparable(rows, "H200 NVL", "data parallel", "tokens/s/device")
+    assert a["scope"] == "Hopper, data parallel" and a["figures"] == 2
+    assert (a["min_error"], a["max_error"], a["within_goal"]) == (-0.02, 0.10, 2)
+    assert a["median_error"] == pytest.approx(0.04)
+    # no Hopper row with pipeline parallel: the family's every layout; no B200 row at all: every row
+    assert accuracy.comparable(rows, "H100 SXM", "pipeline parallel", "tokens/s/device")["figures"] == 3
+    wide = accuracy.comparable(rows, "B200", "data parallel", "tokens/s/device")
+    assert wide["scope"] == "every device and layout" and wide["figures"] == 4 and wide["within_goal"] == 2
+    assert accuracy.comparable(rows, "H100 SXM", "data parallel", "decode tokens/s") is None
+
+
+def test_a_training_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, capsys):
+    """What the CLI adds to a training estimate: the validation table's errors on the rows of the same device family
+    and layout kind (here every Hopper FSDP-only row), in the report and the JSON; off with --estimate.accuracy=false;
+    a clear note when the reference table is not installed."""
+    from torchtitan.estimate import accuracy, validation
+
+    out = tmp_path / "e.json"
+    argv = ["--model.flavor=8B", *H100, "--estimate.num_devices=8", f"--estimate.json={out}"]
+    assert estimate_main(argv) == 0
+    text = capsys.readouterr().out
+    got = json.loads(out.read_text())["validation"]
+    rows = [
+        x for x in validation.table() if x["what"] == "tokens/s/device" and x["layout"] == "data parallel"
+    ]
+    hopper = [x["error"] for x in rows if accuracy.family(x["device"]) == "Hopper"]
+    assert got["tokens/s/device"]["scope"] == "Hopper, data parallel"
+    assert got["tokens/s/device"]["figures"] == len(hopper) > 10
+    assert got["tokens/s/device"]["max_error"] == max(hopper) and "memory GiB" in got
+    assert "accuracy   tokens/s/device: on" in text and "(Hopper, data parallel)" in text
+    assert estimate_main([*argv, "--estimate.accuracy=false"]) == 0
+    assert "validation" not in json.loads(out.read_text()) and "accuracy" not in capsys.readouterr().out
+    monkeypatch.setattr(validation, "REFERENCE", tmp_path / "missing.toml")
+    assert estimate_main(argv) == 0
+    assert "is not in this installation" in json.loads(out.read_text())["validation"]["unavailable"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -403,6 +403,11 @@ class Estimate:
         " restarts and saves included); gpu_hours and days are the productive time divided by it",
     )
     json: str | None = opt(None, "also write the estimate as JSON to this file")
+    accuracy: bool = opt(
+        True,
+        "training estimates: also report how far the estimates of comparable published runs (same device family and"
+        " layout kind, from the validation table) were from their figures; about a second",
+    )
     search: bool = opt(
         False,
         "rank every layout (FSDP/HSDP/TP/PP/CP degrees, AC mode, local batch) that fits num_devices, fastest first",

@@ -4,6 +4,7 @@
         --estimate.hardware h100-sxm --estimate.num_devices 256 [--estimate.total_tokens 15e12] [--estimate.json out.json]
     python -m torchtitan.estimate ... --estimate.search=true          # rank every fitting layout, fastest first
     python -m torchtitan.estimate ... --estimate.calibrate=true       # measure this machine's devices first
+    python -m torchtitan.estimate ... --estimate.accuracy=false       # skip the comparable published runs' errors
     python -m torchtitan.estimate --model.flavor 8B --estimate.mode inference --estimate.hardware a100 \\
         --estimate.batch_size 1 --estimate.prompt_len 128 --estimate.gen_len 256 --estimate.weight_dtype int8
 
@@ -67,6 +68,11 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
     else:
         result = estimate_plan(build_plan(cfg, calibration))
         text = training_report(result)
+        if est.accuracy:
+            from .accuracy import report_lines, training_accuracy
+
+            result["validation"] = training_accuracy(result)
+            text = "\n".join([text, *report_lines(result["validation"])])
     if calibration is not None:
         result["calibration"] = _calibration_json(calibration)
     print(text, file=out)

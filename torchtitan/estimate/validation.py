@@ -104,7 +104,8 @@ def table(ref: dict | None = None, eff: Efficiency = DEFAULT, sources: set[str] 
         for what, (pub, est, goal) in TRAINING_QUANTITIES.items():
             if pub in row:
                 out.append(dict(id=row["id"], source=row["source"], what=what, published=row[pub],
-                                estimated=r[est], goal=goal))  # fmt: skip
+                                estimated=r[est], goal=goal, device=r["hardware"]["name"],
+                                layout=layout_kind(r["layout"], r["hardware"]["num_devices"])))  # fmt: skip
     for row in filter(keep, ref["inference"]):
         r = inference_estimate(ref, row, eff)
         out.append(dict(id=row["id"], source=row["source"], what="decode tokens/s", published=row["tokens_per_sec"],
@@ -118,6 +119,17 @@ def table(ref: dict | None = None, eff: Efficiency = DEFAULT, sources: set[str] 
     for x in out:
         x["error"] = x["estimated"] / x["published"] - 1
     return out
+
+
+def layout_kind(layout: dict, num_devices: int) -> str:
+    """The kind of layout a training row or estimate has, the first that applies: one device, pipeline parallel,
+    context parallel, tensor parallel, data parallel (FSDP / HSDP)."""
+    if num_devices == 1:
+        return "one device"
+    for dim, kind in (("pp", "pipeline parallel"), ("cp", "context parallel"), ("tp", "tensor parallel")):
+        if layout.get(dim, 1) > 1:
+            return kind
+    return "data parallel"
 
 
 def sources(ref: dict) -> list[str]:

@@ -1,0 +1,78 @@
+"""How far estimates like this one were from published runs: the validation table's errors on comparable rows.
+
+A planning number is only as useful as its error bar. The estimator's own validation (tests/estimate_reference.toml,
+docs/estimate.md "Validation") holds every published figure it was checked against; this module picks the rows
+comparable to the configuration being estimated -- the same device family and the same kind of layout
+(validation.layout_kind) -- and reports how far their estimates were from what was published (error = estimated /
+published - 1: positive means the estimate was too high). Families: Hopper (H100 and H200 parts), Ampere (A100),
+Blackwell (B200), CDNA 3 (MI300X), CPU. When no row of the family has that layout kind, the family's rows of every
+layout are used, and when the family has none, every row; the result names the scope it used.
+
+The table takes about a second (every reference row is estimated with the shipped constants), so the CLI attaches
+it to single training estimates, not to each layout of a search.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from . import validation
+
+FAMILIES = {
+    "Hopper": ("H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"),
+    "Ampere": ("A100", "A100 40GB"),
+    "Blackwell": ("B200",),
+    "CDNA 3": ("MI300X",),
+}
+QUANTITIES = ("tokens/s/device", "memory GiB")
+
+
+def family(device: str) -> str:
+    return next((f for f, names in FAMILIES.items() if device in names), device)
+
+
+def comparable(rows: list[dict], device: str, kind: str, what: str) -> dict | None:
+    """Errors of the table rows of quantity `what` closest to (device family, layout kind), and their scope."""
+    rows = [r for r in rows if r["what"] == what and "device" in r]
+    fam = family(device)
+    for scope, keep in (
+        (f"{fam}, {kind}", lambda r: family(r["device"]) == fam and r["layout"] == kind),
+        (f"{fam}, every layout", lambda r: family(r["device"]) == fam),
+        ("every device and layout", lambda r: True),
+    ):
+        errors = [r["error"] for r in rows if keep(r)]
+        if errors:
+            goal = validation.TRAINING_QUANTITIES[what][2]
+            return {"scope": scope, "figures": len(errors), "median_error": statistics.median(errors),
+                    "min_error": min(errors), "max_error": max(errors),
+                    "within_goal": sum(abs(e) <= goal for e in errors), "goal": goal}  # fmt: skip
+    return None
+
+
+def training_accuracy(estimate: dict, rows: list[dict] | None = None) -> dict:
+    """The JSON `validation` entry of a training estimate: per quantity, the comparable rows' errors."""
+    if rows is None:
+        if not validation.REFERENCE.exists():
+            return {"unavailable": f"the validation table {validation.REFERENCE} is not in this installation"}
+        rows = validation.table()
+    kind = validation.layout_kind(estimate["layout"], estimate["hardware"]["num_devices"])
+    found = {what: comparable(rows, estimate["hardware"]["name"], kind, what) for what in QUANTITIES}
+    return {what: a for what, a in found.items() if a}
+
+
+def report_lines(acc: dict) -> list[str]:
+    if "unavailable" in acc:
+        return [f"accuracy   {acc['unavailable']}"]
+    lines = []
+    for what, a in acc.items():
+        n = a["figures"]
+        spread = (
+            f"{a['min_error'] * 100:+.1f} %"
+            if n == 1
+            else f"{a['min_error'] * 100:+.1f} .. {a['max_error'] * 100:+.1f} %, median {a['median_error'] * 100:+.1f} %"
+        )
+        lines.append(
+            f"{'accuracy' if not lines else '':<10} {what}: on {n} published run{'s' if n > 1 else ''} ({a['scope']})"
+            f" estimate / published - 1 = {spread}; {a['within_goal']} within {a['goal'] * 100:.0f} %"
+        )
+    return lines
