@@ -101,7 +101,7 @@ def test_accuracy_uses_the_comparable_rows_and_widens_when_none_match():
     from torchtitan.estimate import accuracy
 
     def row(device, layout, error, what="tokens/s/device"):
-        return dict(what=what, device=device, layout=layout, error=error)
+        return dict(what=what, device=device, layout=layout, error=error, goal=0.15)
 
     rows = [row("H100 SXM", "data parallel", 0.10), row("H200", "data parallel", -0.02),
             row("H100 SXM", "tensor parallel", 0.30), row("A100", "data parallel", 0.50),
@@ -117,10 +117,10 @@ def test_accuracy_uses_the_comparable_rows_and_widens_when_none_match():
     assert accuracy.comparable(rows, "H100 SXM", "data parallel", "decode tokens/s") is None
 
 
-def test_a_training_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, capsys):
-    """What the CLI adds to a training estimate: the validation table's errors on the rows of the same device family
-    and layout kind (here every Hopper FSDP-only row), in the report and the JSON; off with --estimate.accuracy=false;
-    a clear note when the reference table is not installed."""
+def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, capsys):
+    """What the CLI adds to a training or inference estimate: the validation table's errors on the rows of the same
+    device family and layout kind (here every Hopper FSDP-only row; the A100 single-GPU decode rows), in the report
+    and the JSON; off with --estimate.accuracy=false; a clear note when the reference table is not installed."""
     from torchtitan.estimate import accuracy, validation
 
     out = tmp_path / "e.json"
@@ -138,6 +138,13 @@ def test_a_training_estimate_carries_its_comparable_rows_errors(tmp_path, monkey
     assert "accuracy   tokens/s/device: on" in text and "(Hopper, data parallel)" in text
     assert estimate_main([*argv, "--estimate.accuracy=false"]) == 0
     assert "validation" not in json.loads(out.read_text()) and "accuracy" not in capsys.readouterr().out
+    # an inference estimate is compared on the decode rows of its family and layout kind (A100, one device)
+    assert estimate_main(["--model.flavor=8B", "--estimate.mode=inference", "--estimate.hardware=a100",
+                          f"--estimate.json={out}"]) == 0  # fmt: skip
+    decode = [x for x in validation.table() if x["what"] == "decode tokens/s" and x["layout"] == "one device"]
+    ampere = [x for x in decode if accuracy.family(x["device"]) == "Ampere"]
+    got = json.loads(out.read_text())["validation"]["decode tokens/s"]
+    assert got["scope"] == "Ampere, one device" and got["figures"] == len(ampere) > 5 and got["goal"] == 0.15
     monkeypatch.setattr(validation, "REFERENCE", tmp_path / "missing.toml")
     assert estimate_main(argv) == 0
     assert "is not in this installation" in json.loads(out.read_text())["validation"]["unavailable"]

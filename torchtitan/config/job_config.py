@@ -405,8 +405,8 @@ class Estimate:
     json: str | None = opt(None, "also write the estimate as JSON to this file")
     accuracy: bool = opt(
         True,
-        "training estimates: also report how far the estimates of comparable published runs (same device family and"
-        " layout kind, from the validation table) were from their figures; about a second",
+        "also report how far the estimates of comparable published runs (same device family and layout kind, from"
+        " the validation table) were from their figures; not for --estimate.search; about a second",
     )
     search: bool = opt(
         False,

@@ -68,11 +68,11 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
     else:
         result = estimate_plan(build_plan(cfg, calibration))
         text = training_report(result)
-        if est.accuracy:
-            from .accuracy import report_lines, training_accuracy
+    if est.accuracy and result["mode"] != "search":  # a search ranks many layouts: no error bar for each
+        from .accuracy import accuracy_of, report_lines
 
-            result["validation"] = training_accuracy(result)
-            text = "\n".join([text, *report_lines(result["validation"])])
+        result["validation"] = accuracy_of(result)
+        text = "\n".join([text, *report_lines(result["validation"])])
     if calibration is not None:
         result["calibration"] = _calibration_json(calibration)
     print(text, file=out)

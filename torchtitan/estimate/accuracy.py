@@ -9,7 +9,8 @@ Blackwell (B200), CDNA 3 (MI300X), CPU. When no row of the family has that layou
 layout are used, and when the family has none, every row; the result names the scope it used.
 
 The table takes about a second (every reference row is estimated with the shipped constants), so the CLI attaches
-it to single training estimates, not to each layout of a search.
+it to single estimates (training and inference), not to each layout of a search. Inference estimates are compared
+on the decode rows (gpt-fast's and torchao's tables), whose layout kind is one device or tensor parallel.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ FAMILIES = {
     "Blackwell": ("B200",),
     "CDNA 3": ("MI300X",),
 }
-QUANTITIES = ("tokens/s/device", "memory GiB")
+# the table's quantities a training / an inference estimate is compared on
+QUANTITIES = {"training": ("tokens/s/device", "memory GiB"), "inference": ("decode tokens/s",)}
 
 
 def family(device: str) -> str:
@@ -42,21 +44,25 @@ def comparable(rows: list[dict], device: str, kind: str, what: str) -> dict | No
     ):
         errors = [r["error"] for r in rows if keep(r)]
         if errors:
-            goal = validation.TRAINING_QUANTITIES[what][2]
+            goal = next(r["goal"] for r in rows if keep(r))
             return {"scope": scope, "figures": len(errors), "median_error": statistics.median(errors),
                     "min_error": min(errors), "max_error": max(errors),
                     "within_goal": sum(abs(e) <= goal for e in errors), "goal": goal}  # fmt: skip
     return None
 
 
-def training_accuracy(estimate: dict, rows: list[dict] | None = None) -> dict:
-    """The JSON `validation` entry of a training estimate: per quantity, the comparable rows' errors."""
+def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
+    """The JSON `validation` entry of a training or inference estimate: per quantity, the comparable rows' errors."""
     if rows is None:
         if not validation.REFERENCE.exists():
             return {"unavailable": f"the validation table {validation.REFERENCE} is not in this installation"}
         rows = validation.table()
-    kind = validation.layout_kind(estimate["layout"], estimate["hardware"]["num_devices"])
-    found = {what: comparable(rows, estimate["hardware"]["name"], kind, what) for what in QUANTITIES}
+    if estimate["mode"] == "inference":
+        device, kind = estimate["hardware"], "tensor parallel" if estimate["tp"] > 1 else "one device"
+    else:
+        device = estimate["hardware"]["name"]
+        kind = validation.layout_kind(estimate["layout"], estimate["hardware"]["num_devices"])
+    found = {what: comparable(rows, device, kind, what) for what in QUANTITIES[estimate["mode"]]}
     return {what: a for what, a in found.items() if a}
 
 

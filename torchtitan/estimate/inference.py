@@ -105,6 +105,7 @@ def estimate_inference(
     memory = weights + kv_cache + act + eff.allocator_fixed_gib * GIB
     return {
         "mode": "inference",
+        "hardware": hardware.name,
         "weight_dtype": weight_dtype,
         "tp": tp,
         "batch_size": batch,

@@ -109,7 +109,8 @@ def table(ref: dict | None = None, eff: Efficiency = DEFAULT, sources: set[str] 
     for row in filter(keep, ref["inference"]):
         r = inference_estimate(ref, row, eff)
         out.append(dict(id=row["id"], source=row["source"], what="decode tokens/s", published=row["tokens_per_sec"],
-                        estimated=r["tokens_per_sec"], goal=0.15))  # fmt: skip
+                        estimated=r["tokens_per_sec"], goal=0.15, device=r["hardware"],
+                        layout="tensor parallel" if r["tp"] > 1 else "one device"))  # fmt: skip
     for row in filter(keep, ref["cpu"]):
         r = cpu_estimate(row, eff)
         out.append(dict(id=row["id"], source=row["source"], what="step time s", published=row["step_time_s"],
