@@ -881,6 +881,9 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     assert cal["collective_gbps"] > 0 and cal["hbm_gbps"] > 0 and cal["attention_tflops"] > 0
     assert 0.1 < cal["runtime_rss_gib"] < 4
     assert data["hardware"]["calibrated"] and data["fits"]
+    # a CPU plan's error bar comes from this project's calibrated CPU rows (2 processes: data parallel)
+    assert data["validation"]["step time s"]["scope"] == "CPU, data parallel"
+    assert set(data["validation"]) == {"step time s", "max RSS GiB"}
     # the measured runtime + what glibc's heap keeps of the run's tensors (efficiency.cpu_heap_retention)
     parts = dict(data["memory_breakdown_gib"])
     overhead = parts.pop("allocator_and_comm_overhead")

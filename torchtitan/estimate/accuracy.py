@@ -5,7 +5,8 @@ docs/estimate.md "Validation") holds every published figure it was checked again
 comparable to the configuration being estimated -- the same device family and the same kind of layout
 (validation.layout_kind) -- and reports how far their estimates were from what was published (error = estimated /
 published - 1: positive means the estimate was too high). Families: Hopper (H100 and H200 parts), Ampere (A100),
-Blackwell (B200), CDNA 3 (MI300X), CPU. When no row of the family has that layout kind, the family's rows of every
+Blackwell (B200), CDNA 3 (MI300X), CPU (compared on this project's calibrated CPU rows: step time and resident
+memory). When no row of the family has that layout kind, the family's rows of every
 layout are used, and when the family has none, every row; the result names the scope it used.
 
 The table takes about a second (every reference row is estimated with the shipped constants), so the CLI attaches
@@ -25,8 +26,9 @@ FAMILIES = {
     "Blackwell": ("B200",),
     "CDNA 3": ("MI300X",),
 }
-# the table's quantities a training / an inference estimate is compared on
-QUANTITIES = {"training": ("tokens/s/device", "memory GiB"), "inference": ("decode tokens/s",)}
+# the table's quantities a training / an inference / a CPU training estimate is compared on
+QUANTITIES = {"training": ("tokens/s/device", "memory GiB"), "inference": ("decode tokens/s",),
+              "CPU": ("step time s", "max RSS GiB")}  # fmt: skip
 
 
 def family(device: str) -> str:
@@ -62,7 +64,8 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
     else:
         device = estimate["hardware"]["name"]
         kind = validation.layout_kind(estimate["layout"], estimate["hardware"]["num_devices"])
-    found = {what: comparable(rows, device, kind, what) for what in QUANTITIES[estimate["mode"]]}
+    whats = QUANTITIES["CPU" if device == "CPU" else estimate["mode"]]
+    found = {what: comparable(rows, device, kind, what) for what in whats}
     return {what: a for what, a in found.items() if a}
 
 

@@ -113,10 +113,11 @@ def table(ref: dict | None = None, eff: Efficiency = DEFAULT, sources: set[str] 
                         layout="tensor parallel" if r["tp"] > 1 else "one device"))  # fmt: skip
     for row in filter(keep, ref["cpu"]):
         r = cpu_estimate(row, eff)
+        kind = dict(device="CPU", layout=layout_kind(r["layout"], r["hardware"]["num_devices"]))
         out.append(dict(id=row["id"], source=row["source"], what="step time s", published=row["step_time_s"],
-                        estimated=r["step_time_s"], goal=0.15))  # fmt: skip
+                        estimated=r["step_time_s"], goal=0.15, **kind))  # fmt: skip
         out.append(dict(id=row["id"], source=row["source"], what="max RSS GiB", published=row["max_rss_gib"],
-                        estimated=r["memory_gib"], goal=0.10))  # fmt: skip
+                        estimated=r["memory_gib"], goal=0.10, **kind))  # fmt: skip
     for x in out:
         x["error"] = x["estimated"] / x["published"] - 1
     return out
