@@ -692,6 +692,7 @@ def test_search_cli(capsys):
     out = capsys.readouterr().out
     assert "layouts fit; the 3 fastest" in out and out.count("\n  1 ") + out.count("\n  3 ") == 2
     assert "best: --parallelism.data_parallel_replicate_degree=" in out
+    assert "accuracy   tokens/s/device: on" in out  # the comparable published runs of the best layout's kind
 
 
 # ---------------------------------------------------------------- inference

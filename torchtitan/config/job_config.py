@@ -406,7 +406,7 @@ class Estimate:
     accuracy: bool = opt(
         True,
         "also report how far the estimates of comparable published runs (same device family and layout kind, from"
-        " the validation table) were from their figures; not for --estimate.search; about a second",
+        " the validation table) were from their figures (a search: its best layout's); about a second",
     )
     search: bool = opt(
         False,

@@ -68,10 +68,12 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
     else:
         result = estimate_plan(build_plan(cfg, calibration))
         text = training_report(result)
-    if est.accuracy and result["mode"] != "search":  # a search ranks many layouts: no error bar for each
+    # the comparable published runs' errors: for a search, those of its best layout's kind
+    best = result if result["mode"] != "search" else (result["layouts"] or [None])[0]
+    if est.accuracy and best is not None:
         from .accuracy import accuracy_of, report_lines
 
-        result["validation"] = accuracy_of(result)
+        result["validation"] = accuracy_of(best)
         text = "\n".join([text, *report_lines(result["validation"])])
     if calibration is not None:
         result["calibration"] = _calibration_json(calibration)
