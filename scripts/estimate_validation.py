@@ -1,8 +1,12 @@
 """Print the estimator's validation tables (docs/estimate.md) from tests/estimate_reference.toml.
 
 python scripts/estimate_validation.py      # in-sample and leave-one-source-out tables, then the summary
+python scripts/estimate_validation.py --by-kind   # the error bars by device family and layout kind only
 """
 
+import sys
+
+from torchtitan.estimate.accuracy import comparable, family
 from torchtitan.estimate.validation import FITTED, cross_validated, median_abs_error, table
 
 
@@ -28,8 +32,28 @@ def _print(rows: list[dict], title: str) -> None:
     )
 
 
+def print_by_kind(rows: list[dict]) -> None:
+    """The error bars the estimator prints with an estimate (torchtitan/estimate/accuracy.py), for every device
+    family and layout kind that has rows."""
+    print("### By device family and layout kind\n")
+    print("| quantity | family | layout kind | figures | estimate / published - 1 | median | within goal |")
+    print("| --- | --- | --- | ---: | --- | ---: | ---: |")
+    keys = sorted({(x["what"], family(x["device"]), x["layout"]) for x in rows if "device" in x})
+    for what, fam, kind in keys:
+        device = next(x["device"] for x in rows if "device" in x and family(x["device"]) == fam)
+        a = comparable(rows, device, kind, what)
+        print(
+            f"| {what} | {fam} | {kind} | {a['figures']} | {a['min_error']:+.1%} .. {a['max_error']:+.1%} |"
+            f" {a['median_error']:+.1%} | {a['within_goal']} (±{a['goal']:.0%}) |"
+        )
+    print()
+
+
 def main() -> None:
     ins = table()
+    if "--by-kind" in sys.argv[1:]:
+        print_by_kind(ins)
+        return
     cv = cross_validated()
     _print(ins, "In-sample (every constant as shipped)")
     print(f"Constants fitted on reference rows (validation.FITTED): {FITTED or 'none'}\n")
@@ -40,6 +64,7 @@ def main() -> None:
         )
     )
     _print(cv, "Cross-validated, leave one source out" + (" (identical to in-sample)" if same else ""))
+    print_by_kind(ins)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 
+from conftest import ROOT
 from torchtitan.estimate import validation
 from torchtitan.estimate.validation import (
     cross_validated,
@@ -681,3 +682,21 @@ def test_mi300x_ring_bandwidth_follows_its_links():
     plan = build_plan(validation.training_cfg(REF, h100))
     r = steptime.Rates(plan)
     assert collectives.busbw(plan, r.intra, r.inter, 2, 1) == r.intra
+
+
+def test_docs_error_bars_by_kind_are_the_scripts(capsys):
+    """docs/estimate.md's "By device family and layout kind" table is what scripts/estimate_validation.py --by-kind
+    prints now (the error bar each estimate reports for its own case): regenerate it when the estimates move."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from estimate_validation import print_by_kind
+
+    print_by_kind(CV)
+    printed = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
+    docs = (ROOT / "docs" / "estimate.md").read_text()
+    section = re.search(r"#### By device family and layout kind\n\n((?:\|.*\n)+)", docs)
+    assert section, "docs/estimate.md lacks the by-kind table"
+    assert section.group(1).splitlines() == printed
+    assert any("| tokens/s/device | Hopper | data parallel |" in x for x in printed)
