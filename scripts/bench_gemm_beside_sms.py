@@ -262,7 +262,7 @@ def run_set(
             kernel, grid = kernel_grids(holder(kk, ns), "holder")
             # its duration on the current stream (the events bracket it), which should be --hold-ms
             checks.append({"k": kk, "kernel": kernel, "grid": grid,
-                           "ms": timed(lambda kk=kk: launch(kk, ns), repeat=3) * 1e3})  # fmt: skip
+                           "ms": timed(lambda kk=kk, ns=ns: launch(kk, ns), repeat=3) * 1e3})  # fmt: skip
     calls.clear()
     torch.cuda.empty_cache()
     return {"set": name, "dtype": dtype, "sms": sms, "gemms": rows, "sequence": seq, "holders": checks,
