@@ -200,6 +200,14 @@ _PR642_MEM = (
     " direction (-45.6 / -17.1 %) while torchtitan's 70B TP 8 rows of 2024-12 fit (-5.2 / +0.8 %). The command is not"
     " shown (AC taken from the toml): not explained"
 )
+_ISSUE929 = (
+    "torchtitan#929's control run: Llama 3 8B on 8 A100 80GB (read from the log: 79.15 GiB, MFU against 312"
+    " TFLOPS), 1 x 8192, FSDP 8, per-op SAC, compiled blocks, fused AdamW, 2025-03; out of sample, eleventh pass;"
+    " +22.4 %): the estimate's step is 2.28 s (66.6 % MFU) where the log's is 2.80 s (54.4 %). The same direction"
+    " and size as torchtitan#355's eager A100 rows (+20.8 / +18.4 %, the same DevGPU reading, the power limit not"
+    " stated and taken at the 400 W default); at gpt-fast's 330 W the estimate would be 3,196 (+9.0 %), a what-if,"
+    " not applied. Memory fits (+1.1 %). Three log rows of one 100-step run: not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
     ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
@@ -245,6 +253,7 @@ OUTSIDE: dict[tuple[str, str], str] = {
     **{(f"a100_8b_fsdp8_b1_sac_op_eager_{o}_pr355", "memory GiB"): _PR355_MEM for o in ("foreach", "fused")},
     ("h100_8b_fsdp8_b1_no_ac_compile_fused_never_pr615", "tokens/s/device"): _PR615,
     ("h100_8b_fsdp4_tp2_b1_sac_op_compile_pr642", "memory GiB"): _PR642_MEM,
+    ("a100_8b_fsdp8_b1_sac_op_compile_fused_issue929", "tokens/s/device"): _ISSUE929,
 }
 
 
