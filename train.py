@@ -8,4 +8,4 @@ from torchtitan.parallel.distributed import exit_process  # noqa: E402
 from torchtitan.train import main  # noqa: E402
 
 if __name__ == "__main__":
-    exit_process(main())  # skips the interpreter's teardown in a multi-process run (see there)
+    exit_process(main())  # skips the interpreter's final teardown (see there)

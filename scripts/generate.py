@@ -175,4 +175,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())  # skips the interpreter's teardown in a multi-process run (see there)
+    exit_process(main())  # skips the interpreter's final teardown (see there)

@@ -85,4 +85,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())  # skips the interpreter's teardown in a multi-process run (see there)
+    exit_process(main())  # skips the interpreter's final teardown (see there)

@@ -156,3 +156,24 @@ def test_more_ranks_than_gpus_is_one_clear_line(monkeypatch):
     msg = str(e.value)
     assert "local rank 1" in msg and "1 CUDA device" in msg and "CUDA_VISIBLE_DEVICES=3" in msg
     assert "--nproc_per_node" in msg and "\n" not in msg
+
+
+def test_exit_process_runs_the_exit_handlers_and_keeps_the_code(tmp_path):
+    """The entry points leave through exit_process (torchtitan/parallel/distributed.py): the atexit handlers still
+    run (logging's shutdown, pytest-cov's data), buffered output is flushed, the exit code is kept, and None means
+    0 as with sys.exit -- only the interpreter's final teardown, where C++ statics abort, is skipped."""
+    marker = tmp_path / "atexit_ran"
+    code = (
+        "import atexit, sys\n"
+        "from torchtitan.parallel.distributed import exit_process\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('yes'))\n"
+        "sys.stdout.write('buffered line')\n"
+        "exit_process(int(sys.argv[1]) if sys.argv[1] != 'none' else None)\n"
+    )
+    for arg, expected in (("3", 3), ("none", 0)):
+        marker.unlink(missing_ok=True)
+        r = subprocess.run([sys.executable, "-c", code, arg], cwd=ROOT, env=train_env(), capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+        assert r.returncode == expected and r.stdout == "buffered line" and marker.read_text() == "yes", (
+            r.stderr
+        )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import logging
 import os
 import socket
 import sys
@@ -161,17 +160,19 @@ def set_collective_timeout(seconds: int) -> None:
 
 
 def exit_process(code: int) -> None:
-    """Exit with `code`; a process of a multi-process job (WORLD_SIZE > 1) skips the interpreter's teardown.
+    """Exit with `code` without the interpreter's final teardown.
 
     Called by the entry points after main() returned, i.e. after the ranks' last barrier and
-    destroy_process_group. Even then a gloo run sometimes lost a rank to SIGABRT at interpreter exit ("terminate
+    destroy_process_group. Even then a gloo run sometimes lost a process to SIGABRT at interpreter exit ("terminate
     called without an active exception": a C++ thread destroyed unjoined), turning a finished run's exit 0 into
-    -6 (seen in 2-process TP and FSDP runs of the trainer, scripts/generate.py and scripts/perplexity.py on a
-    loaded machine). Everything the run writes is closed by then (metrics, TensorBoard, W&B, checkpoints); the
-    log handlers and standard streams are flushed here."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        sys.exit(code)
-    logging.shutdown()
+    -6: seen in 2-process TP and FSDP runs of the trainer, scripts/generate.py and scripts/perplexity.py on a loaded
+    machine, and (2026-11-25, a clean-clone suite) in a one-process resume after "training finished". Everything
+    the run writes is closed by then (metrics, TensorBoard, W&B, checkpoints); what the interpreter would still run
+    at exit -- the atexit handlers (logging's shutdown, coverage's data file under pytest-cov) -- runs here, and
+    only the destruction of C++ statics, where the abort happens, is skipped."""
+    import atexit
+
+    atexit._run_exitfuncs()  # CPython's own exit sequence: every registered handler, in reverse order
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(0 if code is None else code)  # sys.exit's meaning of None
