@@ -29,7 +29,7 @@ from torchtitan.log import logger
 from torchtitan.loss import forward_backward
 from torchtitan.optim import clip_grad_norm_, init_optimizer_state
 from torchtitan.parallel import reduce_partial_grads, set_collective_timeout
-from torchtitan.parallel.distributed import launch_world
+from torchtitan.parallel.distributed import exit_process, launch_world
 from torchtitan.preflight import run_checks
 from torchtitan.profiling import EXIT_OOM, Profiler, oom_message, write_oom_snapshot
 from torchtitan.simulate import Simulation
@@ -230,4 +230,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # as train.py: without the interpreter's final teardown
