@@ -40,8 +40,7 @@ def print_by_kind(rows: list[dict]) -> None:
     print("| --- | --- | --- | ---: | --- | ---: | ---: |")
     keys = sorted({(x["what"], family(x["device"]), x["layout"]) for x in rows if "device" in x})
     for what, fam, kind in keys:
-        device = next(x["device"] for x in rows if "device" in x and family(x["device"]) == fam)
-        a = comparable(rows, device, kind, what)
+        a = comparable(rows, fam, kind, what)
         print(
             f"| {what} | {fam} | {kind} | {a['figures']} | {a['min_error']:+.1%} .. {a['max_error']:+.1%} |"
             f" {a['median_error']:+.1%} | {a['within_goal']} (±{a['goal']:.0%}) |"

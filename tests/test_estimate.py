@@ -106,15 +106,15 @@ def test_accuracy_uses_the_comparable_rows_and_widens_when_none_match():
     rows = [row("H100 SXM", "data parallel", 0.10), row("H200", "data parallel", -0.02),
             row("H100 SXM", "tensor parallel", 0.30), row("A100", "data parallel", 0.50),
             row("H100 SXM", "data parallel", 0.05, what="memory GiB")]  # fmt: skip
-    a = accuracy.comparable(rows, "H200 NVL", "data parallel", "tokens/s/device")
+    a = accuracy.comparable(rows, accuracy.family("H200 NVL"), "data parallel", "tokens/s/device")
     assert a["scope"] == "Hopper, data parallel" and a["figures"] == 2
     assert (a["min_error"], a["max_error"], a["within_goal"]) == (-0.02, 0.10, 2)
     assert a["median_error"] == pytest.approx(0.04)
     # no Hopper row with pipeline parallel: the family's every layout; no B200 row at all: every row
-    assert accuracy.comparable(rows, "H100 SXM", "pipeline parallel", "tokens/s/device")["figures"] == 3
-    wide = accuracy.comparable(rows, "B200", "data parallel", "tokens/s/device")
+    assert accuracy.comparable(rows, "Hopper", "pipeline parallel", "tokens/s/device")["figures"] == 3
+    wide = accuracy.comparable(rows, "Blackwell", "data parallel", "tokens/s/device")
     assert wide["scope"] == "every device and layout" and wide["figures"] == 4 and wide["within_goal"] == 2
-    assert accuracy.comparable(rows, "H100 SXM", "data parallel", "decode tokens/s") is None
+    assert accuracy.comparable(rows, "Hopper", "data parallel", "decode tokens/s") is None
 
 
 def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, capsys):

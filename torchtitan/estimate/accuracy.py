@@ -35,10 +35,9 @@ def family(device: str) -> str:
     return next((f for f, names in FAMILIES.items() if device in names), device)
 
 
-def comparable(rows: list[dict], device: str, kind: str, what: str) -> dict | None:
-    """Errors of the table rows of quantity `what` closest to (device family, layout kind), and their scope."""
+def comparable(rows: list[dict], fam: str, kind: str, what: str) -> dict | None:
+    """Errors of the table rows of quantity `what` closest to (device family `fam`, layout kind), and their scope."""
     rows = [r for r in rows if r["what"] == what and "device" in r]
-    fam = family(device)
     for scope, keep in (
         (f"{fam}, {kind}", lambda r: family(r["device"]) == fam and r["layout"] == kind),
         (f"{fam}, every layout", lambda r: family(r["device"]) == fam),
@@ -65,7 +64,7 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
         device = estimate["hardware"]["name"]
         kind = validation.layout_kind(estimate["layout"], estimate["hardware"]["num_devices"])
     whats = QUANTITIES["CPU" if device == "CPU" else estimate["mode"]]
-    found = {what: comparable(rows, device, kind, what) for what in whats}
+    found = {what: comparable(rows, family(device), kind, what) for what in whats}
     return {what: a for what, a in found.items() if a}
 
 
