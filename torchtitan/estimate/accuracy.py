@@ -58,13 +58,9 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
         if not validation.REFERENCE.exists():
             return {"unavailable": f"the validation table {validation.REFERENCE} is not in this installation"}
         rows = validation.table()
-    if estimate["mode"] == "inference":
-        device, kind = estimate["hardware"], "tensor parallel" if estimate["tp"] > 1 else "one device"
-    else:
-        device = estimate["hardware"]["name"]
-        kind = validation.layout_kind(estimate["layout"], estimate["hardware"]["num_devices"])
-    whats = QUANTITIES["CPU" if device == "CPU" else estimate["mode"]]
-    found = {what: comparable(rows, family(device), kind, what) for what in whats}
+    case = validation.device_and_layout(estimate)
+    whats = QUANTITIES["CPU" if case["device"] == "CPU" else estimate["mode"]]
+    found = {what: comparable(rows, family(case["device"]), case["layout"], what) for what in whats}
     return {what: a for what, a in found.items() if a}
 
 

@@ -104,20 +104,17 @@ def table(ref: dict | None = None, eff: Efficiency = DEFAULT, sources: set[str] 
         for what, (pub, est, goal) in TRAINING_QUANTITIES.items():
             if pub in row:
                 out.append(dict(id=row["id"], source=row["source"], what=what, published=row[pub],
-                                estimated=r[est], goal=goal, device=r["hardware"]["name"],
-                                layout=layout_kind(r["layout"], r["hardware"]["num_devices"])))  # fmt: skip
+                                estimated=r[est], goal=goal, **device_and_layout(r)))  # fmt: skip
     for row in filter(keep, ref["inference"]):
         r = inference_estimate(ref, row, eff)
         out.append(dict(id=row["id"], source=row["source"], what="decode tokens/s", published=row["tokens_per_sec"],
-                        estimated=r["tokens_per_sec"], goal=0.15, device=r["hardware"],
-                        layout="tensor parallel" if r["tp"] > 1 else "one device"))  # fmt: skip
+                        estimated=r["tokens_per_sec"], goal=0.15, **device_and_layout(r)))  # fmt: skip
     for row in filter(keep, ref["cpu"]):
         r = cpu_estimate(row, eff)
-        kind = dict(device="CPU", layout=layout_kind(r["layout"], r["hardware"]["num_devices"]))
         out.append(dict(id=row["id"], source=row["source"], what="step time s", published=row["step_time_s"],
-                        estimated=r["step_time_s"], goal=0.15, **kind))  # fmt: skip
+                        estimated=r["step_time_s"], goal=0.15, **device_and_layout(r)))  # fmt: skip
         out.append(dict(id=row["id"], source=row["source"], what="max RSS GiB", published=row["max_rss_gib"],
-                        estimated=r["memory_gib"], goal=0.10, **kind))  # fmt: skip
+                        estimated=r["memory_gib"], goal=0.10, **device_and_layout(r)))  # fmt: skip
     for x in out:
         x["error"] = x["estimated"] / x["published"] - 1
     return out
@@ -132,6 +129,18 @@ def layout_kind(layout: dict, num_devices: int) -> str:
         if layout.get(dim, 1) > 1:
             return kind
     return "data parallel"
+
+
+def device_and_layout(estimate: dict) -> dict:
+    """The device (hardware-table name) and layout kind of a training or inference estimate: what a table row is
+    compared by (accuracy.py). An inference estimate's layout is one device or tensor parallel."""
+    if estimate["mode"] == "inference":
+        return {
+            "device": estimate["hardware"],
+            "layout": "tensor parallel" if estimate["tp"] > 1 else "one device",
+        }
+    hw = estimate["hardware"]
+    return {"device": hw["name"], "layout": layout_kind(estimate["layout"], hw["num_devices"])}
 
 
 def sources(ref: dict) -> list[str]:
