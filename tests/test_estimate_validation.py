@@ -175,7 +175,9 @@ _PR355 = (
     " seventh pass): tokens/s +20.8 % (foreach) / +18.4 % (fused), the estimate at 58.9 % MFU against the logged"
     " 48.8 %. The power limit is not stated and was taken at the A100's 400 W default; gpt-fast's README runs its"
     " A100-80GB at 330 W (another PyTorch-team machine), where the estimate is 2,865 / 2,900 (+9.1 / +6.7 %), a"
-    " candidate, not applied. Not explained"
+    " candidate, not applied: two more Meta sources run their A100s at 330 W (pytorch/tutorials' torchao GPU"
+    " quantization tutorial, 'A100-PG509-200 power limited to 330.00 W'; TritonBench's lock-down sets 'NVIDIA"
+    " PG509-210' to 330 W and does not reset it), none states it for this run. Not explained"
 )
 _PR355_MEM = (
     "torchtitan#355's Llama 3 8B on 8 A100 80GB (2024-06; -13.8 %, both optimizers): the run logged 59.48 GiB;"
@@ -206,7 +208,9 @@ _ISSUE929 = (
     " +22.4 %): the estimate's step is 2.28 s (66.6 % MFU) where the log's is 2.80 s (54.4 %). The same direction"
     " and size as torchtitan#355's eager A100 rows (+20.8 / +18.4 %, the same DevGPU reading, the power limit not"
     " stated and taken at the 400 W default); at gpt-fast's 330 W the estimate would be 3,196 (+9.0 %), a what-if,"
-    " not applied. Memory fits (+1.1 %). Three log rows of one 100-step run: not explained"
+    " not applied (Meta's tutorials and TritonBench run their A100s at 330 W too; no source states it for this run:"
+    " docs/estimate_log.md, 'Meta's A100 DevGPUs at 330 W'). Memory fits (+1.1 %). Three log rows of one 100-step"
+    " run: not explained"
 )
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
