@@ -297,6 +297,31 @@ def test_memory_and_time_respond_to_each_technique():
     assert cp["step_time_breakdown_s"]["cp_comm_exposed"] > 0
 
 
+def test_tp_without_loss_parallel_prices_the_logits_gather_and_the_full_vocabulary_loss():
+    """Loss parallel off (parallel/tensor.py: the output projection's layout is Replicate): every TP rank gathers
+    the logits, re-lays them onto the vocabulary dimension and takes the loss over the whole vocabulary."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import Rates, _logits_gather, head_pass
+
+    tp4 = [*EIGHT_B, "--estimate.num_devices=8", "--parallelism.tensor_parallel_degree=4"]
+    on, off = (
+        build_plan(parse_args([*H100, *tp4, f"--parallelism.enable_loss_parallel={v}"]))
+        for v in ("true", "false")
+    )
+    r, tokens = Rates(on), 8192.0
+    assert _logits_gather(on, r, tokens, has_head=True) == 0.0
+    gather = _logits_gather(off, r, tokens, has_head=True)
+    assert gather > 0 and _logits_gather(off, r, tokens, has_head=False) == 0.0
+    h_on, h_off = head_pass(on, r, tokens), head_pass(off, r, tokens)
+    assert h_off.loss == pytest.approx(4 * h_on.loss)  # the whole vocabulary on each of the 4 ranks
+    vocab_bytes = tokens * off.args.vocab_size * off.act_bytes
+    assert h_off.elementwise - h_on.elementwise == pytest.approx(2 * vocab_bytes / r.hbm)  # the re-layout
+    a, b = (estimate(*tp4, f"--parallelism.enable_loss_parallel={v}") for v in ("true", "false"))
+    assert b["step_time_breakdown_s"]["tp_comm_exposed"] > a["step_time_breakdown_s"]["tp_comm_exposed"]
+    assert b["step_time_s"] > a["step_time_s"]
+    assert b["memory_breakdown_gib"]["logits_loss"] > a["memory_breakdown_gib"]["logits_loss"]
+
+
 def test_optimizer_step_peak_counts_the_kernels_temporaries():
     """One GPU, 8B cut to 16 layers, full AC: the peak is the optimizer step. foreach AdamW allocates an fp32 copy
     of every parameter (torch._foreach_sqrt of exp_avg_sq); the fused kernel and the for-loop keep none."""

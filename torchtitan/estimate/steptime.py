@@ -421,13 +421,21 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     p, b = Pass(), plan.act_bytes
     f, bw = _linear_time(r, plan.head, tokens, plan.tp, b)
     p.matmul = f + bw
-    vocab = plan.args.vocab_size / plan.tp if plan.tp > 1 else plan.args.vocab_size
+    # loss parallel keeps the logits sharded on the vocabulary; without it (TP's output layout Replicate,
+    # parallel/tensor.py) every TP rank holds and takes the loss of the whole vocabulary
+    vocab = plan.args.vocab_size / plan.tp if plan.loss_parallel else plan.args.vocab_size
     per_logit = 4 * b if plan.compile_loss else 32 + 2 * b  # fp32 upcast, log-softmax, NLL and their backward
     p.loss = tokens * vocab * per_logit / r.hbm
     p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
     w = autocast_weight_cast_bytes(plan, [plan.head]) / r.hbm  # the output weight's cast (tied: the table's)
     p.elementwise += 2 * w
-    p.fwd = f + p.loss / 2 + w
+    relayout = 0.0
+    if plan.tp > 1 and not plan.loss_parallel:
+        # the gathered logits arrive stacked on dim 0 (NCCL's layout) and are re-laid onto the vocabulary
+        # dimension: one read and one write of the whole [tokens, vocab] (_tp_edges' _logits_gather moves them)
+        relayout = 2 * tokens * plan.args.vocab_size * b / r.hbm
+    p.elementwise += relayout
+    p.fwd = f + p.loss / 2 + w + relayout
     return p
 
 
@@ -597,12 +605,23 @@ def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool
     return n * _ring(plan, r, tokens * plan.args.dim * plan.act_bytes, plan.tp, 1, kind)
 
 
+def _logits_gather(plan: Plan, r: Rates, tokens: float, has_head: bool) -> float:
+    """Seconds of gathering the output projection's logits in one pass under TP without loss parallel: the
+    head's output layout is Replicate (parallel/tensor.py), an all-gather of the vocabulary shards forward on the
+    critical path (the loss needs it); backward takes the rank's slice of the replicated gradient, no collective.
+    Async TP does not fuse it (no matmul consumes it)."""
+    if plan.tp == 1 or not has_head or plan.loss_parallel:
+        return 0.0
+    return _ring(plan, r, tokens * plan.args.vocab_size * plan.act_bytes, plan.tp, 1, "all_gather")
+
+
 def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
     """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
     if plan.tp == 1:
         return 0.0
     by_mode = {m: sum(tp_block_comm(plan, r, tokens, m)) for m in set(modes)}
-    return sum(by_mode[m] for m in modes) + _tp_edges(plan, r, tokens, has_emb, has_head)
+    edges = _tp_edges(plan, r, tokens, has_emb, has_head) + _logits_gather(plan, r, tokens, has_head)
+    return sum(by_mode[m] for m in modes) + edges
 
 
 def async_tp_exposed_time(
@@ -629,7 +648,8 @@ def async_tp_exposed_time(
         per_block = e.async_tp_exposed * fwd + bwd_exposed * (rec + bwd - unfused) + e.tp_exposed * unfused
         total += modes.count(m) * per_block
     edges = _tp_edges(plan, r, tokens, has_emb, has_head) / 2
-    return total + e.async_tp_exposed * edges + e.async_tp_backward_exposed * edges
+    logits = e.tp_exposed * _logits_gather(plan, r, tokens, has_head)
+    return total + e.async_tp_exposed * edges + e.async_tp_backward_exposed * edges + logits
 
 
 def cp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], attention_s: float) -> float:
