@@ -322,6 +322,42 @@ def test_tp_without_loss_parallel_prices_the_logits_gather_and_the_full_vocabula
     assert b["memory_breakdown_gib"]["logits_loss"] > a["memory_breakdown_gib"]["logits_loss"]
 
 
+def test_persistent_gemms_beside_a_collective_end_one_gemm_late_at_most():
+    """collectives.overlap_extension (pytorch/pytorch#143988: a 132-CTA matmul beside a NCCL kernel takes twice as
+    long): a GEMM launched while the collective still runs R seconds ends min(R, W) late; without static persistent
+    GEMMs every kernel just loses the collective's SM share."""
+    from torchtitan.estimate.collectives import STATIC_PERSISTENT_GEMM_DEVICES, overlap_extension
+
+    assert overlap_extension(0.0, 1.0, 0.1, 1.0, 0.1) == 0.0
+    # share only (no GEMM structure): the old rule, max(comm - compute, share x overlap)
+    assert overlap_extension(0.5, 1.0, 0.1) == pytest.approx(0.05)
+    assert overlap_extension(3.0, 1.0, 0.1) == pytest.approx(2.0)
+    # GEMMs only, 10 of 0.1 s beside a 1.5 s collective: the first 7 run at twice their time (1.4 s), the 8th
+    # starts with 0.1 s of the collective left and ends 0.1 s late, the last two run alone: 1.8 s in all
+    assert overlap_extension(1.5, 1.0, 0.1, 1.0, 0.1) == pytest.approx(0.8)
+    # a collective shorter than one GEMM delays only the GEMM it meets, by its own length
+    assert overlap_extension(0.05, 1.0, 0.1, 1.0, 0.1) == pytest.approx(0.05)
+    # communication-bound: the pair ends with the collective
+    assert overlap_extension(10.0, 1.0, 0.1, 1.0, 0.1) == pytest.approx(9.0)
+    # never below the share-only cost, never above the compute doubled (or the collective's excess)
+    for comm in (0.05, 0.3, 0.9, 2.5):
+        for share in (0.25, 0.6, 0.9):
+            ext = overlap_extension(comm, 1.0, 0.12, share, 0.02)
+            assert overlap_extension(comm, 1.0, 0.12) <= ext + 1e-12
+            assert ext <= max(comm - 1.0, 0.0) + 1.0 + 1e-9
+    assert {"H100 SXM", "H200"} <= STATIC_PERSISTENT_GEMM_DEVICES
+    assert not {"A100", "B200", "MI300X"} & STATIC_PERSISTENT_GEMM_DEVICES
+    # in a training estimate: the same FSDP 8 layout loses more to FSDP's overlap on an H100 than the channel share
+    h100 = estimate(*EIGHT_B, "--estimate.num_devices=8")
+    a100 = estimate_training(parse_args(["--estimate.hardware=a100", *EIGHT_B, "--estimate.num_devices=8"]))
+    for est in (h100, a100):
+        assert est["step_time_breakdown_s"]["fsdp_comm_exposed"] > 0
+    assert (
+        h100["step_time_breakdown_s"]["fsdp_comm_exposed"] / h100["step_time_s"]
+        > a100["step_time_breakdown_s"]["fsdp_comm_exposed"] / a100["step_time_s"]
+    )
+
+
 def test_optimizer_step_peak_counts_the_kernels_temporaries():
     """One GPU, 8B cut to 16 layers, full AC: the peak is the optimizer step. foreach AdamW allocates an fp32 copy
     of every parameter (torch._foreach_sqrt of exp_avg_sq); the fused kernel and the for-loop keep none."""

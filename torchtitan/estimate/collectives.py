@@ -42,6 +42,22 @@ measured all-reduce bus bandwidth with a 4 GiB payload on an 8 x MI300X node: 31
 ("2 GPUs performed 6.5x slower than 8"). The 8-GPU figure sets the MI300X fraction of the datasheet bandwidth,
 312.912 / 448 = 0.70 (in place of Efficiency.intra_node); the link rule then gives 44.7 GB/s on 2 GPUs (measured
 47.7).
+Hopper's GEMMs lose more than their share of SMs beside a collective: cuBLAS launches them as persistent kernels,
+one CTA per SM (132 on an H100), with the output tiles divided among the CTAs at launch. pytorch/pytorch#143988
+(2024-12, FSDP on H100s): "the matmuls take 2x as long to complete when they are overlapped with a NCCL kernel",
+the NCCL kernel's CTAs (about a tenth of the SMs) splitting each 132-CTA matmul into two waves; torch added
+`torch._C._set_sm_carveout_experimental` for it (pytorch/pytorch#144974, relanded as #147966: "this wave
+quantization can double the latency of the matmul kernels"), off unless set (neither torchtitan nor this trainer
+sets it). CUTLASS's documentation of Blackwell's Cluster Launch Control (docs.nvidia.com/cutlass) names the flaw of
+that static schedule (imbalance when another kernel holds SMs) and Blackwell's hardware work-stealing as its remedy.
+So a GEMM launched while a collective still runs for R seconds ends min(R, W) after its standalone time W: its
+displaced CTAs start when the collective frees their SMs or when the first CTAs finish, whichever is first.
+`overlap_extension` plays this out over a unit's compute taken as equal GEMMs (the unit's matmul time / its GEMM
+launches) each after its share of other kernels, which run on the SMs left (the channel share above). No constant
+is chosen: the GEMM time and count come from the unit's own pricing. Devices: the Hopper parts
+(STATIC_PERSISTENT_GEMM_DEVICES); A100 (Ampere's cuBLAS kernels launch one CTA per tile) and B200 (Cluster Launch
+Control) keep the channel share. Adopted in session 19 after the figures of the twelfth out-of-sample pass, which
+came after the rule was written, tested it (docs/estimate_log.md, "The persistent-GEMM reading, adopted").
 On CPU (gloo, calibrated rates) there is no latency term: the calibration measured the whole collective.
 Not modelled: NCCL's tree all-reduce (chosen for small messages over many nodes: log2(nodes) network steps instead
 of nodes - 1; the ring is an upper bound there) and NVLink SHARP / IB SHARP all-reduce.
@@ -59,6 +75,8 @@ HOP_LAT_S = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 14.0e-6}  # NCCL 2.21.5 tun
 NVLINK_MIN_GBPS = 100.0  # an intra-node link this fast per direction is NVLink / Infinity Fabric, not PCIe
 NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24}
 NCCL_CHANNELS_DEFAULT = 16
+# Devices whose GEMMs are static persistent kernels (one CTA per SM, tiles assigned at launch): Hopper.
+STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"})
 # Devices whose node is a switchless full mesh, with the measured 8-GPU ring bus bandwidth as a fraction of the
 # datasheet per-device figure (448 GB/s = 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB.
 MESH_BUSBW_FRACTION = {"MI300X": 312.912 / 448.0}
@@ -90,6 +108,59 @@ def overlap_sm_share(plan: Plan, ring_busbw: float, intra: float, full_nodes: bo
     share = 1.0 if full_nodes else min(1.0, ring_busbw / intra)
     channels = NCCL_CHANNELS.get(plan.hw.name, NCCL_CHANNELS_DEFAULT) * share
     return min(1.0, channels / sms)
+
+
+def overlap_extension(
+    comm: float, compute: float, sm_share: float, gemm_share: float = 0.0, gemm_s: float = 0.0
+) -> float:
+    """Seconds a collective of `comm` seconds and `compute` seconds of compute started beside it take together beyond
+    the compute alone; the pair ends when both have ended.
+
+    `sm_share`: the share of the SMs the collective's channels hold (non-GEMM kernels run on the rest). `gemm_share`,
+    `gemm_s`: on a device with static persistent GEMMs, the GEMMs' share of the compute and the mean duration of one
+    GEMM; a GEMM launched while the collective has R seconds left ends min(R, W) late. 0: every kernel just loses
+    `sm_share` of its rate.
+    """
+    if comm <= 0.0:
+        return 0.0
+    if gemm_share <= 0.0 or gemm_s <= 0.0 or sm_share <= 0.0:
+        return max(comm - compute, sm_share * min(comm, compute))
+    w = gemm_s
+    o = w * (1.0 - gemm_share) / gemm_share  # other kernels' seconds before each GEMM
+    stretch = 1.0 / (1.0 - sm_share) if sm_share < 1.0 else math.inf
+    # The collective's CTAs get SMs at the end of a GEMM (it holds them all) or during other kernels; the mean over
+    # where it starts: after a GEMM (weight gemm_share), or at an even spread of points inside the other kernels.
+    starts = [(o, gemm_share)] + [
+        (o * (i + 0.5) / PHASES, (1.0 - gemm_share) / PHASES) for i in range(PHASES)
+    ]
+    return sum(p * _played_out(comm, compute, o, w, stretch, first) for first, p in starts)
+
+
+PHASES = 4  # start points inside the other kernels averaged over (overlap_extension)
+
+
+def _played_out(comm: float, compute: float, o: float, w: float, stretch: float, first: float) -> float:
+    """overlap_extension for a compute stream of `first` seconds of other kernels, then GEMMs of `w` seconds each
+    after `o` seconds of other kernels, beside a collective of `comm` seconds started with it."""
+    wall = done = 0.0
+    lead = min(first, compute)
+    wall, done = (lead * stretch if lead * stretch <= comm else comm + (lead - comm / stretch)), lead
+    # whole periods (a GEMM at twice its time, then other kernels) that end before the collective does
+    period = 2.0 * w + o * stretch
+    if done < compute and wall < comm:
+        n = max(0, min(math.floor((comm - wall) / period), math.floor((compute - done) / (o + w))))
+        wall, done = wall + n * period, done + n * (o + w)
+    while wall < comm and done < compute:
+        g = min(w, compute - done)  # one GEMM: its displaced CTAs wait min(R, W)
+        wall += g + min(comm - wall, g)
+        done += g
+        if done >= compute:
+            break
+        left = min(o, compute - done)  # other kernels, slowed while the collective runs
+        r = comm - wall
+        wall += left * stretch if left * stretch <= r else max(r, 0.0) + (left - max(r, 0.0) / stretch)
+        done += left
+    return max(wall + (compute - done), comm) - compute
 
 
 def group_layout(plan: Plan, n: int, stride: int) -> tuple[int, int]:

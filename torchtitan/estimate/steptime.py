@@ -51,6 +51,7 @@ class Pass:
     float8_casts: float = 0.0
     recompute: float = 0.0
     fwd: float = 0.0  # forward share (for FSDP overlap)
+    gemms: int = 0  # GEMM launches of the forward + backward (for FSDP overlap on static persistent GEMMs)
     detail: dict = field(default_factory=dict)
 
     @property
@@ -312,6 +313,7 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     """One block's forward + backward (+ recompute) over `tokens` tokens."""
     p, s, b = Pass(), plan.shape, plan.act_bytes
     rec_mm = recomputed_matmuls(mode)
+    p.gemms = 3 * len(plan.block_linears)  # forward, input gradient, weight gradient
     for lin in plan.block_linears:
         f, bw = _linear_time(r, lin, tokens, plan.tp, b)
         t_f = t_b = 0.0
@@ -421,6 +423,7 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     p, b = Pass(), plan.act_bytes
     f, bw = _linear_time(r, plan.head, tokens, plan.tp, b)
     p.matmul = f + bw
+    p.gemms = 3
     # loss parallel keeps the logits sharded on the vocabulary; without it (TP's output layout Replicate,
     # parallel/tensor.py) every TP rank holds and takes the loss of the whole vocabulary
     vocab = plan.args.vocab_size / plan.tp if plan.loss_parallel else plan.args.vocab_size
@@ -456,11 +459,19 @@ def _ring(plan: Plan, r: Rates, nbytes: float, n: int, stride: int, kind: str = 
     return collectives.ring_time(plan, r.intra, r.inter, nbytes, n, stride, kind)
 
 
-def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]]) -> float:
+def fsdp_units(
+    plan: Plan,
+    r: Rates,
+    rank: int,
+    passes: list[tuple[float, float]],
+    gemms: list[tuple[float, float]] | None = None,
+) -> float:
     """Exposed seconds of FSDP communication in one forward+backward of a rank's units.
 
     `passes` lists (forward, backward) compute seconds of the rank's units in forward order. Units: embedding,
-    each block, the head (norm + output), as issue 10 wraps them; the head stays gathered for backward.
+    each block, the head (norm + output), as issue 10 wraps them; the head stays gathered for backward. `gemms`
+    lists each unit's (GEMM share of its compute, mean seconds of one GEMM), which matter on devices with static
+    persistent GEMMs (collectives.overlap_extension); None: none.
     """
     d, n = plan.dims, plan.fsdp_degree
     if n == 1 and d.dp_replicate == 1:
@@ -490,20 +501,22 @@ def fsdp_units(plan: Plan, r: Rates, rank: int, passes: list[tuple[float, float]
     ring = collectives.busbw(plan, r.intra, r.inter, n, d.tp)
     ppn, _ = collectives.group_layout(plan, n, d.tp)
     share = collectives.overlap_sm_share(plan, ring, r.intra, ppn >= plan.hw.devices_per_node)
+    persistent = plan.hw.name in collectives.STATIC_PERSISTENT_GEMM_DEVICES
+    gemm = gemms if (gemms is not None and persistent) else [(0.0, 0.0)] * len(passes)
 
-    def overlap(comm: float, compute: float) -> float:
+    def overlap(comm: float, compute: float, unit: int) -> float:
         """Seconds a unit's compute and the collectives running beside it take beyond the compute alone: the
-        compute loses `share` of its rate while a collective runs, and the unit ends when both have ended. A
-        unit whose collectives outlast it (communication-bound) waits for them; the SMs they hold then slow
-        only compute that is not on the critical path, unless it becomes so."""
-        return max(comm - compute, share * min(comm, compute))
+        compute loses the SMs the collectives hold while they run (collectives.overlap_extension), and the unit
+        ends when both have ended. A unit whose collectives outlast it (communication-bound) waits for them; the
+        SMs they hold then slow only compute that is not on the critical path, unless it becomes so."""
+        return collectives.overlap_extension(comm, compute, share, *gemm[unit])
 
-    exposed = ag[0] + sum(overlap(ag[i], fwd[i - 1]) for i in range(1, len(ag)))
+    exposed = ag[0] + sum(overlap(ag[i], fwd[i - 1], i - 1) for i in range(1, len(ag)))
     order = list(range(len(kinds)))[::-1]  # backward runs the units in reverse
     exposed += ag_bwd[order[0]]
     for j, u in enumerate(order):
         link = (ag_bwd[order[j + 1]] if j + 1 < len(order) else 0.0) + (rs[order[j - 1]] if j > 0 else 0.0)
-        exposed += overlap(link, bwd[u])
+        exposed += overlap(link, bwd[u], u)
     return exposed + rs[order[-1]]
 
 
@@ -709,7 +722,16 @@ def training_step_time(plan: Plan) -> dict:
         compute = sum(u.compute for u in units)
         recompute = sum(u.recompute for u in units)
         attention = sum(u.attention for u in units)
-        fsdp_exposed = fsdp_units(plan, r, rank, [(u.fwd, u.total - u.fwd) for u in units])
+        fsdp_exposed = fsdp_units(
+            plan,
+            r,
+            rank,
+            [(u.fwd, u.total - u.fwd) for u in units],
+            [
+                (u.matmul / u.compute, u.matmul / u.gemms) if u.gemms and u.compute else (0.0, 0.0)
+                for u in units
+            ],
+        )
         if plan.async_tp:
             tp = async_tp_exposed_time(plan, r, tokens, modes, has_emb, has_head)
         else:
