@@ -142,8 +142,7 @@ PHASES = 4  # start points inside the other kernels averaged over (overlap_exten
 def _played_out(comm: float, compute: float, o: float, w: float, stretch: float, first: float) -> float:
     """overlap_extension for a compute stream of `first` seconds of other kernels, then GEMMs of `w` seconds each
     after `o` seconds of other kernels, beside a collective of `comm` seconds started with it."""
-    wall = done = 0.0
-    lead = min(first, compute)
+    lead = min(first, compute)  # the first other kernels, slowed while the collective runs
     wall, done = (lead * stretch if lead * stretch <= comm else comm + (lead - comm / stretch)), lead
     # whole periods (a GEMM at twice its time, then other kernels) that end before the collective does
     period = 2.0 * w + o * stretch
