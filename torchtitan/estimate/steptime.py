@@ -7,8 +7,11 @@ compute      forward + backward of every matmul (roofline per GEMM shape: FLOPs 
 recompute    the forward work activation checkpointing repeats in backward
 exposed communication, by dimension:
    fsdp      all-gathers are prefetched one unit ahead and reduce-scatters drain behind the next unit's backward;
-             what a unit's compute cannot hide is exposed, plus the first all-gather and the last reduce-scatter
-   tp        sequence-parallel all-gathers / reduce-scatters of every block: on the critical path
+             what a unit's compute cannot hide is exposed, plus the first all-gather and the last reduce-scatter,
+             plus what the collectives' SMs cost the compute beside them (on Hopper, a persistent GEMM launched
+             beside a collective ends up to one GEMM late: collectives.overlap_extension)
+   tp        sequence-parallel all-gathers / reduce-scatters of every block: on the critical path (without loss
+             parallel, also the logits' all-gather)
    cp        all-gathered (rotate_method allgather) K/V before attention: exposed; alltoall: overlapped ring
    pp        point-to-point activation/gradient transfers, per micro-batch and stage
 pipeline_bubble  idle time of the schedule: (p-1)/m of the work for 1F1B/GPipe, (p-1)/(v*m) interleaved, a third
