@@ -195,8 +195,10 @@ _405B_PERSISTENT = (
     " overlap, -19.1 / -18.9 % with it (FSDP exposure 0.17 -> 2.60 s of an 11.9 s estimated step). Under TP 8 each"
     " FSDP ring has one rank per node and runs on one NIC for ~6 s per step (fp32 reduce-scatters of 50.6 B"
     " parameters per TP rank), so by the rule about half the GEMMs of the step wait for a second wave; the published"
-    " step leaves no room for it. The same class of layout elsewhere agrees with the rule (KempnerForge's TP 4 x"
-    " FSDP rows across nodes, -3.2 .. +12.0 % with it, +15.4 .. +39.9 % without), and the bf16 row of the same table"
+    " step leaves no room for it. The same class of layout elsewhere: KempnerForge's 14 TP 4 x FSDP rows across"
+    " nodes agree with the rule (-9.6 .. +12.0 % with it, +9.9 .. +34.0 % without), but all ran gradient"
+    " accumulation with one reduce-scatter per step where the estimator prices one per micro-step; its 175B run"
+    " without accumulation disagrees, as these rows do (-19.2 % with, -4.5 % without). The bf16 row of this table"
     " stays within goal (+4.0 -> -12.7 %). Whether cuBLAS's float8 kernels of that torch (2.5 nightly, 2024-08) were"
     " static persistent kernels at these shapes is not known: not explained"
 )
