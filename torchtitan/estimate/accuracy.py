@@ -10,8 +10,9 @@ memory). When no row of the family has that layout kind, the family's rows of ev
 layout are used, and when the family has none, every row; the result names the scope it used.
 
 The table takes about a second (every reference row is estimated with the shipped constants), so the CLI attaches
-it once per estimate (training and inference; a search: its best layout), not to each layout a search ranks. Inference estimates are compared
-on the decode rows (gpt-fast's and torchao's tables), whose layout kind is one device or tensor parallel.
+it once per estimate (training and inference; a search: its best layout), not to each layout a search ranks.
+Inference estimates are compared on the decode rows (gpt-fast's and torchao's tables), whose layout kind is one
+device or tensor parallel.
 """
 
 from __future__ import annotations

@@ -438,7 +438,7 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     relayout = 0.0
     if plan.tp > 1 and not plan.loss_parallel:
         # the gathered logits arrive stacked on dim 0 (NCCL's layout) and are re-laid onto the vocabulary
-        # dimension: one read and one write of the whole [tokens, vocab] (_tp_edges' _logits_gather moves them)
+        # dimension: one read and one write of the whole [tokens, vocab] (_logits_gather prices the gather)
         relayout = 2 * tokens * plan.args.vocab_size * b / r.hbm
     p.elementwise += relayout
     p.fwd = f + p.loss / 2 + w + relayout
