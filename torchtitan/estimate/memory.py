@@ -273,7 +273,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     # ---- logits and loss: fp32 upcast of [tokens, vocab] and its gradient (eager), or bf16 in and out (compiled)
     logits = 0.0
     if has_head:
-        vocab = plan.args.vocab_size / plan.tp if plan.loss_parallel else plan.args.vocab_size
+        vocab = plan.loss_vocab
         per_logit = 2 * plan.act_bytes if plan.compile_loss else 3 * 4
         logits = tokens * vocab * per_logit
         logits += kept_stage_outputs(plan) * tokens * vocab * plan.act_bytes

@@ -247,6 +247,12 @@ class Plan:
         return self.tp > 1 and self.cfg.parallelism.enable_loss_parallel
 
     @property
+    def loss_vocab(self) -> float:
+        """Vocabulary entries of the logits a rank holds and takes the loss of: its shard under loss parallel,
+        the whole vocabulary otherwise (without TP, or TP with the output layout Replicate)."""
+        return self.args.vocab_size / self.tp if self.loss_parallel else self.args.vocab_size
+
+    @property
     def act_bytes(self) -> int:
         return 2 if self.cfg.training.mixed_precision_param == "bfloat16" else 4
 

@@ -427,9 +427,7 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     f, bw = _linear_time(r, plan.head, tokens, plan.tp, b)
     p.matmul = f + bw
     p.gemms = 3
-    # loss parallel keeps the logits sharded on the vocabulary; without it (TP's output layout Replicate,
-    # parallel/tensor.py) every TP rank holds and takes the loss of the whole vocabulary
-    vocab = plan.args.vocab_size / plan.tp if plan.loss_parallel else plan.args.vocab_size
+    vocab = plan.loss_vocab  # without loss parallel every TP rank takes the loss of the whole vocabulary
     per_logit = 4 * b if plan.compile_loss else 32 + 2 * b  # fp32 upcast, log-softmax, NLL and their backward
     p.loss = tokens * vocab * per_logit / r.hbm
     p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
