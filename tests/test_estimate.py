@@ -138,13 +138,17 @@ def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, c
     assert "accuracy   tokens/s/device: on" in text and "(Hopper, data parallel)" in text
     assert estimate_main([*argv, "--estimate.accuracy=false"]) == 0
     assert "validation" not in json.loads(out.read_text()) and "accuracy" not in capsys.readouterr().out
-    # an inference estimate is compared on the decode rows of its family and layout kind (A100, one device)
+    # an inference estimate is compared on the decode rows of its family and layout kind (A100, one device), with
+    # their cross-validated errors (the decode step's per-layer overhead is fitted: validation.FITTED)
     assert estimate_main(["--model.flavor=8B", "--estimate.mode=inference", "--estimate.hardware=a100",
                           f"--estimate.json={out}"]) == 0  # fmt: skip
-    decode = [x for x in validation.table() if x["what"] == "decode tokens/s" and x["layout"] == "one device"]
-    ampere = [x for x in decode if accuracy.family(x["device"]) == "Ampere"]
+    decode = validation.cross_validated(quantities=("decode tokens/s",))
+    ampere = [
+        x["error"] for x in decode if x["layout"] == "one device" and accuracy.family(x["device"]) == "Ampere"
+    ]
     got = json.loads(out.read_text())["validation"]["decode tokens/s"]
     assert got["scope"] == "Ampere, one device" and got["figures"] == len(ampere) > 5 and got["goal"] == 0.15
+    assert (got["min_error"], got["max_error"]) == (min(ampere), max(ampere))
     monkeypatch.setattr(validation, "REFERENCE", tmp_path / "missing.toml")
     assert estimate_main(argv) == 0
     assert "is not in this installation" in json.loads(out.read_text())["validation"]["unavailable"]

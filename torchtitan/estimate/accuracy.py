@@ -9,8 +9,10 @@ Blackwell (B200), CDNA 3 (MI300X), CPU (compared on this project's calibrated CP
 memory). When no row of the family has that layout kind, the family's rows of every
 layout are used, and when the family has none, every row; the result names the scope it used.
 
-The table takes about a second (every reference row is estimated with the shipped constants), so the CLI attaches
-it once per estimate (training and inference; a search: its best layout), not to each layout a search ranks.
+The errors are the cross-validated ones (validation.cross_validated, the rows of the quantities compared): a
+training row is estimated with the shipped constants (none of training's is fitted), a decode row with the decode
+step's per-layer overhead fitted without its own source. That takes one to two seconds, so the CLI attaches it once
+per estimate (training and inference; a search: its best layout), not to each layout a search ranks.
 Inference estimates are compared on the decode rows (gpt-fast's and torchao's tables), whose layout kind is one
 device or tensor parallel.
 """
@@ -55,12 +57,12 @@ def comparable(rows: list[dict], fam: str, kind: str, what: str) -> dict | None:
 
 def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
     """The JSON `validation` entry of a training or inference estimate: per quantity, the comparable rows' errors."""
-    if rows is None:
-        if not validation.REFERENCE.exists():
-            return {"unavailable": f"the validation table {validation.REFERENCE} is not in this installation"}
-        rows = validation.table()
+    if rows is None and not validation.REFERENCE.exists():
+        return {"unavailable": f"the validation table {validation.REFERENCE} is not in this installation"}
     case = validation.device_and_layout(estimate)
     whats = QUANTITIES["CPU" if case["device"] == "CPU" else estimate["mode"]]
+    if rows is None:
+        rows = validation.cross_validated(quantities=whats)
     found = {what: comparable(rows, family(case["device"]), case["layout"], what) for what in whats}
     return {what: a for what, a in found.items() if a}
 
