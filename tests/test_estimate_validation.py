@@ -276,6 +276,17 @@ _LITGPT_THUNDER_EAGER = (
     " step forward and backward, ~20 ms at this part's bandwidth: about a third of the gap; the 64-chunk eager"
     " cross-entropy adds launches, not bytes. The rest: not explained"
 )
+_SHEARED = (
+    "Sheared-LLaMA's continued pre-training (README 'Throughput': Composer v0.16.3 FSDP1 FULL_SHARD, bf16 reduce,"
+    " full AC per block, micro batch 16 x 4096, eager torch 2.0.1, flash-attn 1.0.3, 16 A100 80GB assumed 8 nodes"
+    " x 2; out of sample, fifteenth pass): 2.7B published 4,957 tokens/s, estimated 7,509 (+51.5 %); 1.3B published"
+    " 8,684, estimated 13,949 (+60.6 %). The published steps (13.2 s, 7.5 s) are 31 % and 28 % MFU, the estimate's"
+    " 47.5 % and 45.1 %; the missing time (4.5 s, 2.9 s) scales with layers x width (1.58 against 1.67), not with"
+    " the parameters' collectives (0.08 / 0.04 s exposed; 6.25 GB/s per GPU, a what-if, adds 0.24 / 0.12 s)."
+    " Candidates, none priced: FlashAttention-1 (priced as FA2's A100 rate; attention is 10-12 % of the FLOPs, so"
+    " even half FA2's rate explains a fraction), flash_attn's unpad / pad copies of q, k, v and the output, the eager"
+    " rotate_half rotary, a 300 W PCIe part (a what-if, not applied: +30.0 % / +38.6 %): not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
     ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
@@ -336,6 +347,10 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("h100_olmocore_llama8b_fsdp8_compile_float8", "tokens/s/device"): _OLMOCORE,
     ("h100_smol_playbook_1b_ddp8_nanotron", "tokens/s/device"): _SMOL_1B,
     ("a100_40gb_tinyllama_fsdp8_b4_none_eager_litgpt_thunder", "tokens/s/device"): _LITGPT_THUNDER_EAGER,
+    **{
+        (f"a100_sheared_llama_{m}_fsdp16_b16_s4096_full_eager", "tokens/s/device"): _SHEARED
+        for m in ("2p7b", "1p3b")
+    },
 }
 
 
