@@ -1096,3 +1096,21 @@ def test_dtensor_host_time_script_prints_its_table():
     ]
     for r in rows:
         assert all(float(x) > 0 for x in r.split("|")[2:4])
+
+
+def test_cpu_offload_is_reported_as_not_priced(tmp_path, capsys):
+    """FSDP2's CPU offload (host copies, CPU AdamW) is not in the step time or the memory model: the estimate says
+    so in the JSON (`not_priced`) and the report (the step time a lower bound) instead of passing for a priced one;
+    without offload there is no such entry."""
+    out = tmp_path / "e.json"
+    argv = ["--model.flavor=1B", "--training.seq_len=2048", "--training.local_batch_size=1",
+            "--estimate.hardware=h200", "--estimate.num_devices=1", "--estimate.accuracy=false",
+            f"--estimate.json={out}"]  # fmt: skip
+    assert estimate_main([*argv, "--parallelism.fsdp_cpu_offload=true"]) == 0
+    text = capsys.readouterr().out
+    got = json.loads(out.read_text())
+    assert [x.split(":")[0] for x in got["not_priced"]] == ["parallelism.fsdp_cpu_offload"]
+    assert "lower bound" in got["not_priced"][0] and "6,066 tokens/s" in got["not_priced"][0]
+    assert "(a lower bound: see 'not priced')" in text and "not priced parallelism.fsdp_cpu_offload:" in text
+    assert estimate_main(argv) == 0
+    assert "not_priced" not in json.loads(out.read_text()) and "not priced" not in capsys.readouterr().out

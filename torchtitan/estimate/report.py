@@ -23,11 +23,16 @@ def training_report(r: dict) -> str:
         "",
         f"memory     {r['memory_gib']:.2f} GiB peak per device of {hw['memory_gib']:.1f} -> "
         + ("FITS" if r["fits"] else "DOES NOT FIT")
+        + (" (may be low: see 'not priced')" if "not_priced" in r else "")
         + (f" (pipeline rank {r['peak_pipeline_rank']})" if r.get("peak_pipeline_rank") is not None else ""),
     ]
     for k, v in r["memory_breakdown_gib"].items():
         lines.append(f"  {k:<30} {_gib(v)}")
-    lines += ["", f"step time  {r['step_time_s']:.3f} s"]
+    lines += [
+        "",
+        f"step time  {r['step_time_s']:.3f} s"
+        + (" (a lower bound: see 'not priced')" if "not_priced" in r else ""),
+    ]
     for k, v in r["step_time_breakdown_s"].items():
         lines.append(f"  {k:<30} {v:9.3f} s")
     detail = ", ".join(f"{k} {v:.3f}" for k, v in r["compute_detail_s"].items())
@@ -41,6 +46,8 @@ def training_report(r: dict) -> str:
         f" {r['flops_per_token']:,.0f} FLOPs/token)"
         + (f"; {r['mfu_percent_fp8_mixed']:.1f} % fp8-mixed" if "mfu_percent_fp8_mixed" in r else ""),
     ]
+    for item in r.get("not_priced", []):
+        lines.append(f"not priced {item}")
     if "gpu_hours" in r:
         lines.append(
             f"run        {r['total_tokens']:.3g} tokens: {r['gpu_hours']:,.0f} device-hours, {r['days']:.1f} days"
