@@ -378,10 +378,11 @@ def test_outside_list_names_real_rows():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the cross-validated median absolute error is 5.14 % (goal <= 5 %; in-sample 4.96 %): since the decode"
-    " step's per-layer overhead is fitted and cross-validated (validation.FITTED), gpt-fast's single-GPU rows are"
-    " estimated with the value chosen without them (45 us against 60 fitted on every source) and 3 figures leave"
-    " the 5 % band (docs/estimate.md, 'Where the goal stands'): not reached",
+    reason="the cross-validated median absolute error is 5.44 % over 311 figures (goal <= 5 %; in-sample 5.18 %):"
+    " since the decode step's per-layer overhead is fitted and cross-validated (validation.FITTED), gpt-fast's"
+    " single-GPU rows are estimated with the value chosen without them (45 us against 60 fitted on every source):"
+    " 5.14 % on session 19's 297 figures; the fifteenth out-of-sample pass's 14 figures, 9 of its 11 tokens/s"
+    " estimated high, brought it to 5.44 % (docs/estimate.md, 'Where the goal stands'): not reached",
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
