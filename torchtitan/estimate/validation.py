@@ -141,8 +141,9 @@ def table(
         r = cpu_estimate(row, eff)
         out.append(dict(id=row["id"], source=row["source"], what="step time s", published=row["step_time_s"],
                         estimated=r["step_time_s"], goal=0.15, **device_and_layout(r)))  # fmt: skip
-        out.append(dict(id=row["id"], source=row["source"], what="max RSS GiB", published=row["max_rss_gib"],
-                        estimated=r["memory_gib"], goal=0.10, **device_and_layout(r)))  # fmt: skip
+        if "max_rss_gib" in row:  # a pipeline row's memory is its larger stage's, which rank 0 may not be
+            out.append(dict(id=row["id"], source=row["source"], what="max RSS GiB", published=row["max_rss_gib"],
+                            estimated=r["memory_gib"], goal=0.10, **device_and_layout(r)))  # fmt: skip
     out = [x for x in out if quantities is None or x["what"] in quantities]
     for x in out:
         x["error"] = x["estimated"] / x["published"] - 1
@@ -189,8 +190,9 @@ def quantities_of(ref: dict, source: str) -> set[str]:
             out |= {what for what, (pub, _, _) in TRAINING_QUANTITIES.items() if pub in row}
     if any(r["source"] == source for r in ref["inference"]):
         out.add(DECODE_QUANTITY)
-    if any(r["source"] == source for r in ref["cpu"]):
-        out |= set(CPU_QUANTITIES)
+    for row in ref["cpu"]:
+        if row["source"] == source:
+            out |= {"step time s"} | ({"max RSS GiB"} if "max_rss_gib" in row else set())
     return out
 
 
