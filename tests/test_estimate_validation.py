@@ -287,6 +287,21 @@ _SHEARED = (
     " even half FA2's rate explains a fraction), flash_attn's unpad / pad copies of q, k, v and the output, the eager"
     " rotate_half rotary, a 300 W PCIe part (a what-if, not applied: +30.0 % / +38.6 %): not explained"
 )
+_CPU_TP2 = (
+    "this machine's debug model on TP 2 (2 processes, gloo, 1 thread each, 2026-11-25; 3 runs, the median step"
+    " 0.5045 s, rank 0's peak RSS 0.77 GiB; out of sample): estimated 0.418 s (compute 0.266 s at the calibrated"
+    " rates, TP collectives 0.147 s exposed) and 0.635 GiB, -17.1 % and -17.5 %. The same day's FSDP, FSDP + full AC"
+    " and PP 2 step times are within goal (-8.0, -8.9, -12.8 %): what TP adds on a CPU beyond the priced gloo"
+    " collectives (DTensor's host dispatch per sharded op, the sequence-parallel re-layouts' copies, gloo's buffers"
+    " for them) is not measured: not explained"
+)
+_CPU_FSDP_RSS = (
+    "this machine's debug model on FSDP over 2 processes (2026-11-25; rank 0's peak RSS 0.84 GiB, median of 3"
+    " runs; out of sample): estimated 0.747 GiB, -11.1 % (2026-11-22's row of the same configuration, -9.4 %). The"
+    " estimate is the runtime baseline measured by the calibration (0.457 GiB) plus the tensors and the heap"
+    " retention of 'CPU resident memory by measurement'; FSDP's gloo buffers and the 2-process data loading are not"
+    " measured separately: not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
     ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
@@ -344,6 +359,9 @@ OUTSIDE: dict[tuple[str, str], str] = {
     },
     ("h100_8b_fsdp8_b1_no_ac_eager_pr467", "memory GiB"): _PR467_MEM,
     ("h100_8b_fsdp8_b2_sac_op_compile_fused_pr382", "memory GiB"): _PR382_MEM,
+    ("cpu_debug_2proc_tp2_1125", "step time s"): _CPU_TP2,
+    ("cpu_debug_2proc_tp2_1125", "max RSS GiB"): _CPU_TP2,
+    ("cpu_debug_2proc_fsdp_1125", "max RSS GiB"): _CPU_FSDP_RSS,
     ("h100_olmocore_llama8b_fsdp8_compile_float8", "tokens/s/device"): _OLMOCORE,
     ("h100_smol_playbook_1b_ddp8_nanotron", "tokens/s/device"): _SMOL_1B,
     ("a100_40gb_tinyllama_fsdp8_b4_none_eager_litgpt_thunder", "tokens/s/device"): _LITGPT_THUNDER_EAGER,
@@ -378,11 +396,12 @@ def test_outside_list_names_real_rows():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the cross-validated median absolute error is 5.44 % over 311 figures (goal <= 5 %; in-sample 5.18 %):"
+    reason="the cross-validated median absolute error is 5.77 % over 318 figures (goal <= 5 %; in-sample 5.48 %):"
     " since the decode step's per-layer overhead is fitted and cross-validated (validation.FITTED), gpt-fast's"
     " single-GPU rows are estimated with the value chosen without them (45 us against 60 fitted on every source):"
     " 5.14 % on session 19's 297 figures; the fifteenth out-of-sample pass's 14 figures, 9 of its 11 tokens/s"
-    " estimated high, brought it to 5.44 % (docs/estimate.md, 'Where the goal stands'): not reached",
+    " estimated high, brought it to 5.44 %, and this machine's 7 figures of 2026-11-25 (CPU layouts, none within 5"
+    " %) to 5.77 % (docs/estimate.md, 'Where the goal stands'): not reached",
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
@@ -419,7 +438,9 @@ def test_cross_validation_never_sees_the_held_out_source(monkeypatch):
     """With a constant to fit, each source's constants are chosen on the other sources' rows of the fitted
     quantities only, and the held-out source's rows are then estimated with them."""
     keep = {"titan_h200", "ours_cpu"}
-    ref = dict(REF, training=[r for r in REF["training"] if r["source"] in keep], inference=[])
+    ref = dict(
+        REF, inference=[], **{k: [r for r in REF[k] if r["source"] in keep] for k in ("training", "cpu")}
+    )
     fitted = {"hbm": validation.Fit(("tokens/s/device", "step time s"), (0.5, 0.8))}
     asked: list[tuple[frozenset, tuple]] = []
     real_table = validation.table
