@@ -412,12 +412,12 @@ def test_only_the_fitted_quantities_differ_from_in_sample_and_the_shipped_values
     source, each source with decode rows is estimated with the value fitted without it, and every other source's
     held-out errors are its in-sample errors (nothing else is fitted)."""
     assert set(validation.FITTED) == {"decode_layer_overhead_us"}
-    everywhere = validation.fit(REF, None)
+    cache: dict = {}
+    everywhere = validation.fit(REF, None, cache=cache)
     for name in validation.FITTED:
         assert getattr(validation.DEFAULT, name) == getattr(everywhere, name), name
     moved = set().union(*(f.quantities for f in validation.FITTED.values()))
     ins = {(x["id"], x["what"]): x["estimated"] for x in table(REF)}
-    cache: dict = {}
     held_out = {
         s: validation.fit(REF, s, cache=cache) for s in {x["source"] for x in CV if x["what"] in moved}
     }
