@@ -30,8 +30,8 @@ FAMILIES = {
     "CDNA 3": ("MI300X",),
 }
 # the table's quantities a training / an inference / a CPU training estimate is compared on
-QUANTITIES = {"training": ("tokens/s/device", "memory GiB"), "inference": ("decode tokens/s",),
-              "CPU": ("step time s", "max RSS GiB")}  # fmt: skip
+QUANTITIES = {"training": ("tokens/s/device", "memory GiB"), "inference": (validation.DECODE_QUANTITY,),
+              "CPU": validation.CPU_QUANTITIES}  # fmt: skip
 
 
 def family(device: str) -> str:

@@ -36,6 +36,10 @@ else:  # pragma: no cover
 
 REFERENCE = Path(__file__).resolve().parents[2] / "tests" / "estimate_reference.toml"
 
+# the compared quantities other than training's (TRAINING_QUANTITIES, below), as table() names them
+DECODE_QUANTITY = "decode tokens/s"
+STEP_TIME, MAX_RSS = CPU_QUANTITIES = ("step time s", "max RSS GiB")
+
 
 @dataclasses.dataclass(frozen=True)
 class Fit:
@@ -50,7 +54,7 @@ class Fit:
 # tails and gaps under CUDA graphs, docs/estimate.md "Rates and constants") has no published measurement; tried
 # from 20 to 90 us in 5 us steps (the shipped DEFAULT is the value chosen on every source; a test checks it).
 FITTED: dict[str, Fit] = {
-    "decode_layer_overhead_us": Fit(("decode tokens/s",), tuple(float(v) for v in range(20, 95, 5))),
+    "decode_layer_overhead_us": Fit((DECODE_QUANTITY,), tuple(float(v) for v in range(20, 95, 5))),
 }
 
 
@@ -106,10 +110,6 @@ TRAINING_QUANTITIES = {
 }
 
 
-DECODE_QUANTITY = "decode tokens/s"
-CPU_QUANTITIES = ("step time s", "max RSS GiB")
-
-
 def table(
     ref: dict | None = None,
     eff: Efficiency = DEFAULT,
@@ -139,10 +139,10 @@ def table(
                         estimated=r["tokens_per_sec"], goal=0.15, **device_and_layout(r)))  # fmt: skip
     for row in filter(keep, ref["cpu"] if wanted(*CPU_QUANTITIES) else []):
         r = cpu_estimate(row, eff)
-        out.append(dict(id=row["id"], source=row["source"], what="step time s", published=row["step_time_s"],
+        out.append(dict(id=row["id"], source=row["source"], what=STEP_TIME, published=row["step_time_s"],
                         estimated=r["step_time_s"], goal=0.15, **device_and_layout(r)))  # fmt: skip
         if "max_rss_gib" in row:  # a pipeline row's memory is its larger stage's, which rank 0 may not be
-            out.append(dict(id=row["id"], source=row["source"], what="max RSS GiB", published=row["max_rss_gib"],
+            out.append(dict(id=row["id"], source=row["source"], what=MAX_RSS, published=row["max_rss_gib"],
                             estimated=r["memory_gib"], goal=0.10, **device_and_layout(r)))  # fmt: skip
     out = [x for x in out if quantities is None or x["what"] in quantities]
     for x in out:
@@ -192,7 +192,7 @@ def quantities_of(ref: dict, source: str) -> set[str]:
         out.add(DECODE_QUANTITY)
     for row in ref["cpu"]:
         if row["source"] == source:
-            out |= {"step time s"} | ({"max RSS GiB"} if "max_rss_gib" in row else set())
+            out |= {STEP_TIME} | ({MAX_RSS} if "max_rss_gib" in row else set())
     return out
 
 
