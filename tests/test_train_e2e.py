@@ -139,3 +139,18 @@ def test_profiler_writes_traces(profiled_run):
     assert traces == ["rank0_step2.json", "rank0_step4.json"]
     events = json.loads((tmp_path / "profile_traces" / "rank0_step4.json").read_text())["traceEvents"]
     assert any("aten::mm" in e.get("name", "") or "aten::addmm" in e.get("name", "") for e in events)
+
+
+def test_trace_terms_of_a_real_trainer_step(profiled_run):
+    """scripts/step_terms.py on the trainer's own trace (one process, bf16 autocast on CPU): the step's time is
+    split without loss or double counting, and each kind of work the step runs lands in its term."""
+    from torchtitan.estimate.trace_terms import trace_terms
+
+    tmp_path, r = profiled_run
+    assert r.returncode == 0
+    m = trace_terms(tmp_path / "profile_traces" / "rank0_step4.json")
+    t = m["terms"]
+    assert m["device"] == "cpu" and m["step_s"] > 0
+    assert sum(t.values()) == pytest.approx(m["step_s"], rel=1e-6)
+    for term in ("matmul", "attention", "elementwise", "loss", "optimizer", "host"):
+        assert t[term] > 0, (term, t)
