@@ -922,6 +922,7 @@ def test_calibration_micro_benchmarks_are_positive():
         cal.measure_gemm(shapes[0], cpu, torch.bfloat16, 0.01),
         cal.measure_attention(plan, cpu, torch.bfloat16, 0.01),
         cal.measure_bandwidth(cpu, torch.float32, 0.01),
+        cal.measure_loss(plan, cpu, torch.bfloat16, 0.01),
     ):
         assert math.isfinite(value) and value > 0
     assert cal.measure_collectives(plan, cpu, 0.01) is None  # one process: nothing to measure
@@ -934,6 +935,23 @@ def test_calibration_micro_benchmarks_are_positive():
     assert fast["mfu_percent"] == pytest.approx(
         100 * plan.args.flops_per_token(64) * fast["tokens_per_sec_per_device"] / 0.05e12
     )
+
+
+def test_measured_eager_loss_prices_the_loss_term():
+    """A calibration's eager-loss rate (ns per logit) replaces the bytes model of the loss in eager runs: the loss
+    term is tokens x vocabulary x that rate; a compiled loss keeps the bytes model (the measurement is eager's)."""
+    args = ["--estimate.hardware=cpu", "--estimate.num_devices=1", "--training.seq_len=64",
+            "--training.local_batch_size=2"]  # fmt: skip
+    base = dict(matmul_peak_tflops=0.05, attention_tflops=0.01, hbm_gbps=10.0)
+    plan = build_plan(parse_args(args), Calibration(**base, loss_ns_per_logit=7.0))
+    est = estimate_plan(plan)
+    assert est["compute_detail_s"]["loss"] == pytest.approx(plan.tokens_per_pass * plan.loss_vocab * 7e-9)
+    bytes_model = estimate_plan(build_plan(parse_args(args), Calibration(**base)))["compute_detail_s"]["loss"]
+    assert bytes_model != pytest.approx(est["compute_detail_s"]["loss"])
+    compiled = [*args, "--compile.enable=true"]
+    with_rate = estimate_plan(build_plan(parse_args(compiled), Calibration(**base, loss_ns_per_logit=7.0)))
+    without = estimate_plan(build_plan(parse_args(compiled), Calibration(**base)))
+    assert with_rate["compute_detail_s"]["loss"] == pytest.approx(without["compute_detail_s"]["loss"])
 
 
 def test_calibrate_cli_on_two_cpu_processes(tmp_path):
@@ -949,6 +967,7 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     data = json.loads(out.read_text())
     cal = data["calibration"]
     assert cal["collective_gbps"] > 0 and cal["hbm_gbps"] > 0 and cal["attention_tflops"] > 0
+    assert cal["loss_ns_per_logit"] > 0
     assert 0.1 < cal["runtime_rss_gib"] < 4
     assert data["hardware"]["calibrated"] and data["fits"]
     # a CPU plan's error bar comes from this project's calibrated CPU rows (2 processes: data parallel)

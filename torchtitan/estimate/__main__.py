@@ -50,7 +50,8 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
 
         calibration = calibrate(build_plan(cfg, require_rates=False), config_argv=argv)
         print(f"calibrated: {'; '.join(calibration.notes)}: square-GEMM peak {calibration.matmul_peak_tflops:.3f}"
-              f" TFLOPS, attention {calibration.attention_tflops:.3f} TFLOPS, memory {calibration.hbm_gbps:.1f} GB/s"
+              f" TFLOPS, attention {calibration.attention_tflops:.3f} TFLOPS, memory {calibration.hbm_gbps:.1f} GB/s,"
+              f" eager loss {calibration.loss_ns_per_logit:.2f} ns/logit"
               + (f", collectives {calibration.collective_gbps:.2f} GB/s" if calibration.collective_gbps else ""),
               file=out)  # fmt: skip
     if est.mode == "inference":

@@ -6,6 +6,8 @@ Measured, each for a fraction of a second:
                 devices without a table entry (hardware.calibrate_tflops: the same measurement)
   attention     SDPA forward + backward at the planned head count, sequence length and head dim (causal)
   bandwidth     an elementwise add over tensors far larger than the caches: sustained memory bandwidth
+  loss          the trainer's eager cross-entropy (fp32 upcast, log-softmax, NLL) forward + backward at the planned
+                vocabulary and tokens: nanoseconds per logit
   collectives   all-gather and reduce-scatter between min(num_devices, present) processes (NCCL on GPUs, gloo on
                 CPU), at the size of one block's parameters: bus bandwidth
   runtime RSS   CPU only: resident memory of a process holding the trainer's runtime without a model: the
@@ -111,6 +113,26 @@ def measure_attention(plan: Plan, device, dtype, seconds) -> float:
     t = _median_time(step, device, seconds)
     fwd = 4 * batch * seq * (seq / 2) * heads * hd
     return 3.5 * fwd / t / 1e12
+
+
+def measure_loss(plan: Plan, device, dtype, seconds) -> float:
+    """Nanoseconds per logit of the trainer's own eager loss (torchtitan.loss.cross_entropy_loss: the logits upcast
+    to fp32, log-softmax and NLL) forward + backward, at the planned vocabulary (the rank's share under loss
+    parallel) and the pass's tokens (rows capped). On a GPU it is memory-bound; on a CPU the exponentials and
+    logarithms cost more than the bytes (docs/estimate_log.md, "The CPU step term by term")."""
+    from torchtitan.loss import cross_entropy_loss
+
+    rows = int(min(plan.tokens_per_pass, _ROWS_CAP.get(device.type, 8192)))
+    vocab = int(plan.loss_vocab)
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(1, rows, vocab, device=device, dtype=dtype, generator=g, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, rows), device=device, generator=g)
+
+    def step():
+        logits.grad = None
+        cross_entropy_loss(logits, labels, rows).backward()
+
+    return _median_time(step, device, seconds) / (rows * vocab) * 1e9
 
 
 def measure_bandwidth(device, dtype, seconds) -> float:
@@ -236,6 +258,8 @@ def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibratio
         cal.matmul_tflops[shape] = measure_gemm(shape, device, dtype, seconds / 4)
     cal.attention_tflops = measure_attention(plan, device, dtype, seconds)
     cal.hbm_gbps = measure_bandwidth(device, dtype, seconds)
+    cal.loss_ns_per_logit = measure_loss(plan, device, torch.bfloat16 if plan.act_bytes == 2 else torch.float32,
+                                         seconds)  # fmt: skip
     cal.collective_gbps = measure_collectives(plan, device, seconds)
     return cal
 

@@ -80,6 +80,7 @@ class Rates:
         self.intra = hw.intra_node_gbps * 1e9 * collectives.intra_fraction(hw.name, eff.intra_node)
         self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
         self.attn_measured = None
+        self.loss_per_logit = None  # seconds per logit of the eager loss, where calibrated
         self.head_dim = plan.args.head_dim
         self.attn_backend = plan.cfg.estimate.attention_backend
         if cal is not None:
@@ -91,6 +92,8 @@ class Rates:
                 self.intra = cal.collective_gbps * 1e9
                 if hw.is_cpu:
                     self.inter = self.intra
+            if cal.loss_ns_per_logit:
+                self.loss_per_logit = cal.loss_ns_per_logit * 1e-9
             if cal.matmul_peak_tflops and hw.is_cpu:
                 self.cpu_peak = cal.matmul_peak_tflops * 1e12
 
@@ -428,8 +431,13 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     p.matmul = f + bw
     p.gemms = 3
     vocab = plan.loss_vocab  # without loss parallel every TP rank takes the loss of the whole vocabulary
-    per_logit = 4 * b if plan.compile_loss else 32 + 2 * b  # fp32 upcast, log-softmax, NLL and their backward
-    p.loss = tokens * vocab * per_logit / r.hbm
+    if r.loss_per_logit is not None and not plan.compile_loss:  # the eager loss as measured (calibrate.py)
+        p.loss = tokens * vocab * r.loss_per_logit
+    else:
+        per_logit = (
+            4 * b if plan.compile_loss else 32 + 2 * b
+        )  # fp32 upcast, log-softmax, NLL and their backward
+        p.loss = tokens * vocab * per_logit / r.hbm
     p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
     w = autocast_weight_cast_bytes(plan, [plan.head]) / r.hbm  # the output weight's cast (tied: the table's)
     p.elementwise += 2 * w
