@@ -76,6 +76,28 @@ def test_classify(stack, kernel, term):
     assert classify(stack, kernel) == term
 
 
+@pytest.mark.parametrize(
+    "stack, dispatch, term",
+    [
+        (["aten::linear"], True, "host"),  # calls t + matmul: its own time is dispatch
+        (["aten::linear", "aten::to", "aten::_to_copy"], True, "host"),  # allocates, then calls copy_
+        (["aten::add"], "again", "host"),  # DTensor's add: sharding propagation, then the local add
+        (["aten::mm"], "again", "host"),  # DTensor's mm around the local mm
+        (["aten::add"], False, "elementwise"),  # the local add: the work
+        (
+            ["aten::_scaled_dot_product_flash_attention_for_cpu"],
+            True,
+            "attention",
+        ),  # allocates its outputs inside
+        (["aten::cross_entropy_loss"], True, "loss"),
+        (["aten::linear", "aten::t"], False, "host"),  # a view
+        (["aten::empty_strided"], False, "host"),
+    ],
+)
+def test_classify_cpu_dispatch_and_views(stack, dispatch, term):
+    assert classify(stack, None, dispatch) == term
+
+
 def _x(name, ts, dur, tid=1, cat="cpu_op", **args):
     e = {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1, "cat": cat}
     if args:
@@ -93,7 +115,7 @@ def test_cpu_trace_self_times_and_gaps(tmp_path):
     events = [
         _x("ProfilerStep#9", 0, 1000, cat="user_annotation"),
         _x("aten::linear", 0, 300),
-        _x("aten::mm", 10, 280),  # linear's own 20 us are elementwise (its cast and view work)
+        _x("aten::mm", 10, 280),  # linear's own 20 us are host (dispatch to mm)
         _x("aten::add", 300, 100),
         # 400-500: inside no event (Python between ops)
         _x("FSDP::pre_forward (layers.0)", 500, 200, cat="user_annotation"),
@@ -106,7 +128,7 @@ def test_cpu_trace_self_times_and_gaps(tmp_path):
     ]
     m = trace_terms(_write(tmp_path, events))
     assert m["device"] == "cpu" and m["step_s"] == pytest.approx(1000e-6)
-    want = {"matmul": 280, "elementwise": 20 + 100 + 50, "communication": 150, "optimizer": 200, "host": 200,
+    want = {"matmul": 280, "elementwise": 100 + 50, "communication": 150, "optimizer": 200, "host": 200 + 20,
             "attention": 0, "loss": 0}  # fmt: skip
     assert set(m["terms"]) == set(TERMS)
     for term, us in want.items():

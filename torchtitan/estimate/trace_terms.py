@@ -20,8 +20,10 @@ Terms, first match from the innermost event outwards (ops are named as torch.pro
   attention      scaled_dot_product_attention and its flash / efficient / cuDNN kernels
   loss           log-softmax, NLL, cross-entropy
   matmul         mm, addmm, bmm, baddbmm, _scaled_mm (and GEMM kernels by name)
-  elementwise    every other aten op and kernel (norms, activations, casts, adds, FSDP2's copy-in / copy-out)
-  host           the rest of the step: autograd's and the Python wrappers' own time, gaps between ops
+  elementwise    every other aten op and kernel that works on data (norms, activations, casts, adds, FSDP2's
+                 copy-in / copy-out)
+  host           the rest of the step: autograd's and the Python wrappers' own time, ops that only make views or
+                 allocate, the own time of ops that call other ops (DTensor's dispatch), gaps between ops
 The estimator has no host term on CPU or GPU; its recompute is priced as its own line while a trace shows the
 recomputed forward ops under their own terms. `compare()` puts both side by side (docs/estimate.md, "A step's
 terms against a trace").
@@ -50,13 +52,28 @@ _K_LOSS = re.compile(r"log_softmax|nll_loss|cross_entropy|cunn_SoftMax", re.IGNO
 _K_MATMUL = re.compile(r"gemm|cutlass|nvjet|xmma|cublas|wgmma", re.IGNORECASE)
 
 
-def classify(stack: list[str], kernel: str | None = None) -> str:
+# aten ops that only make views or allocate: their time is dispatch, not work on the data
+_METADATA = re.compile(r"^aten::(view|_unsafe_view|as_strided|t|transpose|reshape|_reshape_alias|unsqueeze|squeeze"
+                       r"|slice|select|narrow|expand|expand_as|permute|alias|detach|empty|empty_strided|empty_like"
+                       r"|split|split_with_sizes|chunk|unbind|unflatten|flatten|lift_fresh|resolve_conj"
+                       r"|resolve_neg|is_same_size|result_type|_local_scalar_dense|item)$")  # fmt: skip
+
+
+def classify(stack: list[str], kernel: str | None = None, dispatch: bool | str = False) -> str:
     """The term of an instant whose enclosing events are `stack` (outermost first) and, on a device, `kernel`
     (its name; None for a CPU trace). From the innermost event outwards: a compute op decides; an aten op that is
     none of them is elementwise unless an op around it is (aten::copy_ inside cross-entropy is the loss's); a
-    collective, redistribute or FSDP hook decides only for time not inside an aten op (the wait)."""
+    collective, redistribute or FSDP hook decides only for time not inside an aten op (the wait). On a CPU the
+    own time of an op that only makes views or allocates, of a tensor subclass's op that calls the same op on its
+    local tensor (`dispatch="again"`: DTensor's sharding propagation) and of any other op that calls aten ops
+    (`dispatch=True`: linear, _to_copy, ...) but the attention, loss and matmul ops themselves, is `host`."""
     if any(_OPTIMIZER.search(n) for n in stack):
         return "optimizer"
+    if kernel is None and stack and stack[-1].startswith("aten::"):
+        if _METADATA.search(stack[-1]) or dispatch == "again":
+            return "host"
+        if dispatch is True and not any(p.search(stack[-1]) for p in (_ATTENTION, _LOSS, _MATMUL)):
+            return "host"
     if kernel is not None:
         for pattern, term in ((_K_COMM, "communication"), (_K_ATTENTION, "attention"), (_K_LOSS, "loss"),
                               (_K_MATMUL, "matmul")):  # fmt: skip
@@ -92,12 +109,15 @@ def _step_window(events: list[dict], path) -> tuple[float, float, object]:
 
 def _nest(
     events: list[dict], points: list[float] = ()
-) -> tuple[list[tuple[list[str], float]], list[list[str]]]:
-    """One thread's events as a nesting: for each event its stack (outermost first, itself last) and self time
-    (its duration less its children's, in us); for each instant in `points`, the stack of events around it."""
+) -> tuple[list[tuple[list[str], float, bool | str]], list[list[str]]]:
+    """One thread's events as a nesting: for each event its stack (outermost first, itself last), self time (its
+    duration less its children's, in us) and whether it calls aten ops ("again": the same op); for each instant in
+    `points`, the stack of events around it."""
     order = sorted(range(len(events)), key=lambda i: (events[i]["ts"], -events[i]["dur"]))
     pts = sorted(range(len(points)), key=lambda i: points[i])
     selfs = [float(e["dur"]) for e in events]
+    calls = [False] * len(events)  # an aten op with an aten op inside it
+    again = [False] * len(events)  # ... with the same op inside it (a tensor subclass's dispatch: DTensor)
     names: list[list[str]] = [[] for _ in events]
     at: list[list[str]] = [[] for _ in points]
     stack: list[int] = []  # indices of the open events, outermost first
@@ -116,12 +136,14 @@ def _nest(
         pop_until(e["ts"])
         if stack:
             selfs[stack[-1]] -= e["dur"]
+            calls[stack[-1]] = calls[stack[-1]] or str(e["name"]).startswith("aten::")
+            again[stack[-1]] = again[stack[-1]] or e["name"] == events[stack[-1]]["name"]
         stack.append(i)
         names[i] = [events[k]["name"] for k in stack]
     for k in pts[j:]:
         pop_until(points[k])
         at[k] = [events[m]["name"] for m in stack]
-    return [(names[i], selfs[i]) for i in range(len(events))], at
+    return [(names[i], selfs[i], "again" if again[i] else calls[i]) for i in range(len(events))], at
 
 
 def _thread_events(events: list[dict], tid) -> list[dict]:
@@ -134,8 +156,8 @@ def _cpu_terms(events: list[dict], t0: float, t1: float, tid) -> dict[str, float
     evs = [e for e in _thread_events(events, tid) if t0 <= e["ts"] < t1]
     out = dict.fromkeys(TERMS, 0.0)
     nested, _ = _nest(evs)
-    for stack, self_us in nested:
-        out[classify(stack)] += max(self_us, 0.0) / 1e6
+    for stack, self_us, calls in nested:
+        out[classify(stack, dispatch=calls)] += max(self_us, 0.0) / 1e6
     top = _union([(e["ts"], min(t1, e["ts"] + e["dur"])) for e in evs])
     out["host"] += ((t1 - t0) - _length(top)) / 1e6  # inside no event: Python between ops, waits outside ops
     return out
