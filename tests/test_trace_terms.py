@@ -91,6 +91,12 @@ def test_classify(stack, kernel, term):
         ),  # allocates its outputs inside
         (["aten::cross_entropy_loss"], True, "loss"),
         (["aten::linear", "aten::t"], False, "host"),  # a view
+        (
+            ["Torch-Compiled Region: 0/0", "## Call CompiledFxGraph fabc ##"],
+            False,
+            "elementwise",
+        ),  # Inductor's C++
+        (["Torch-Compiled Region: 0/0", "## Call CompiledFxGraph fabc ##", "aten::mm"], False, "matmul"),
         (["aten::empty_strided"], False, "host"),
     ],
 )

@@ -22,6 +22,8 @@ Terms, first match from the innermost event outwards (ops are named as torch.pro
   matmul         mm, addmm, bmm, baddbmm, _scaled_mm (and GEMM kernels by name)
   elementwise    every other aten op and kernel that works on data (norms, activations, casts, adds, FSDP2's
                  copy-in / copy-out)
+                 (on CPU, time inside a compiled graph but in no aten op: Inductor's generated kernels, which
+                 fuse the norms, activations and a compiled loss)
   host           the rest of the step: autograd's and the Python wrappers' own time, ops that only make views or
                  allocate, the own time of ops that call other ops (DTensor's dispatch), gaps between ops
 The estimator has no host term on CPU or GPU; its recompute is priced as its own line while a trace shows the
@@ -45,6 +47,7 @@ _ATTENTION = re.compile(r"^aten::_?(scaled_dot_product|_scaled_dot_product|_flas
                         r"|_cudnn_attention)")  # fmt: skip
 _LOSS = re.compile(r"^aten::(_log_softmax|log_softmax|_log_softmax_backward_data|nll_loss|cross_entropy)")
 _MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_mm|_addmm_activation)$")
+_COMPILED = re.compile(r"^## Call CompiledFxGraph|^Torch-Compiled Region")
 # device kernel names (CUDA: cuBLAS, CUTLASS, FlashAttention, cuDNN, PyTorch's own and Triton's fused kernels)
 _K_COMM = re.compile(r"nccl", re.IGNORECASE)
 _K_ATTENTION = re.compile(r"flash|fmha|sdpa|attention", re.IGNORECASE)
@@ -86,6 +89,8 @@ def classify(stack: list[str], kernel: str | None = None, dispatch: bool | str =
                 return term
         if _COMM.search(name) and not inside_op:
             return "communication"
+        if _COMPILED.search(name) and not inside_op:
+            return "elementwise"  # Inductor's generated CPU kernels are no ops: the fused norms, activations, loss
         inside_op = inside_op or name.startswith("aten::")
     return "elementwise" if inside_op else "host"
 
