@@ -81,8 +81,24 @@ def test_classify(stack, kernel, term):
     [
         (["aten::linear"], True, "host"),  # calls t + matmul: its own time is dispatch
         (["aten::linear", "aten::to", "aten::_to_copy"], True, "host"),  # allocates, then calls copy_
+        (
+            ["aten::rms_norm", "aten::_fused_rms_norm"],
+            True,
+            "host",
+        ),  # on CPU: pow, mean, add, rsqrt, mul inside
+        (
+            ["aten::rms_norm", "aten::_fused_rms_norm", "aten::pow"],
+            True,
+            "elementwise",
+        ),  # calls result_type, to
+        (["aten::mul"], True, "elementwise"),  # a scalar's aten::to inside: the mul does the work
         (["aten::add"], "again", "host"),  # DTensor's add: sharding propagation, then the local add
         (["aten::mm"], "again", "host"),  # DTensor's mm around the local mm
+        (
+            ["aten::rsqrt"],
+            "again",
+            "host",
+        ),  # DTensor's op that calls Python (a PythonSubclass event) for its local op
         (["aten::add"], False, "elementwise"),  # the local add: the work
         (
             ["aten::_scaled_dot_product_flash_attention_for_cpu"],

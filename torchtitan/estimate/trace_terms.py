@@ -25,7 +25,7 @@ Terms, first match from the innermost event outwards (ops are named as torch.pro
                  (on CPU, time inside a compiled graph but in no aten op: Inductor's generated kernels, which
                  fuse the norms, activations and a compiled loss)
   host           the rest of the step: autograd's and the Python wrappers' own time, ops that only make views or
-                 allocate, the own time of ops that call other ops (DTensor's dispatch), gaps between ops
+                 allocate, the own time of composites (linear, _to_copy) and of DTensor's dispatch, gaps between ops
 The estimator has no host term on CPU or GPU; its recompute is priced as its own line while a trace shows the
 recomputed forward ops under their own terms. `compare()` puts both side by side (docs/estimate.md, "A step's
 terms against a trace").
@@ -60,6 +60,9 @@ _METADATA = re.compile(r"^aten::(view|_unsafe_view|as_strided|t|transpose|reshap
                        r"|slice|select|narrow|expand|expand_as|permute|alias|detach|empty|empty_strided|empty_like"
                        r"|split|split_with_sizes|chunk|unbind|unflatten|flatten|lift_fresh|resolve_conj"
                        r"|resolve_neg|is_same_size|result_type|_local_scalar_dense|item)$")  # fmt: skip
+# aten ops whose work is done by the aten ops they call: their own time is dispatch
+_COMPOSITE = re.compile(r"^aten::(linear|matmul|to|_to_copy|type_as|contiguous|reshape|flatten|rms_norm"
+                        r"|_fused_rms_norm|layer_norm|square|einsum|dropout|repeat_interleave)$")  # fmt: skip
 
 
 def classify(stack: list[str], kernel: str | None = None, dispatch: bool | str = False) -> str:
@@ -67,15 +70,13 @@ def classify(stack: list[str], kernel: str | None = None, dispatch: bool | str =
     (its name; None for a CPU trace). From the innermost event outwards: a compute op decides; an aten op that is
     none of them is elementwise unless an op around it is (aten::copy_ inside cross-entropy is the loss's); a
     collective, redistribute or FSDP hook decides only for time not inside an aten op (the wait). On a CPU the
-    own time of an op that only makes views or allocates, of a tensor subclass's op that calls the same op on its
-    local tensor (`dispatch="again"`: DTensor's sharding propagation) and of any other op that calls aten ops
-    (`dispatch=True`: linear, _to_copy, ...) but the attention, loss and matmul ops themselves, is `host`."""
+    own time of an op that only makes views or allocates, of a composite whose work its inner ops do (linear,
+    _to_copy, the CPU's composite RMSNorm, ...) and of a tensor subclass's op that calls the same op (or Python)
+    for its local tensor (`dispatch="again"`: DTensor's sharding propagation) is `host`."""
     if any(_OPTIMIZER.search(n) for n in stack):
         return "optimizer"
     if kernel is None and stack and stack[-1].startswith("aten::"):
-        if _METADATA.search(stack[-1]) or dispatch == "again":
-            return "host"
-        if dispatch is True and not any(p.search(stack[-1]) for p in (_ATTENTION, _LOSS, _MATMUL)):
+        if _METADATA.search(stack[-1]) or _COMPOSITE.search(stack[-1]) or dispatch == "again":
             return "host"
     if kernel is not None:
         for pattern, term in ((_K_COMM, "communication"), (_K_ATTENTION, "attention"), (_K_LOSS, "loss"),
@@ -142,7 +143,7 @@ def _nest(
         if stack:
             selfs[stack[-1]] -= e["dur"]
             calls[stack[-1]] = calls[stack[-1]] or str(e["name"]).startswith("aten::")
-            again[stack[-1]] = again[stack[-1]] or e["name"] == events[stack[-1]]["name"]
+            again[stack[-1]] = again[stack[-1]] or e["name"] in (events[stack[-1]]["name"], "PythonSubclass")
         stack.append(i)
         names[i] = [events[k]["name"] for k in stack]
     for k in pts[j:]:
