@@ -76,48 +76,33 @@ def test_classify(stack, kernel, term):
     assert classify(stack, kernel) == term
 
 
-@pytest.mark.parametrize(
-    "stack, dispatch, term",
-    [
-        (["aten::linear"], True, "host"),  # calls t + matmul: its own time is dispatch
-        (["aten::linear", "aten::to", "aten::_to_copy"], True, "host"),  # allocates, then calls copy_
-        (
-            ["aten::rms_norm", "aten::_fused_rms_norm"],
-            True,
-            "host",
-        ),  # on CPU: pow, mean, add, rsqrt, mul inside
-        (
-            ["aten::rms_norm", "aten::_fused_rms_norm", "aten::pow"],
-            True,
-            "elementwise",
-        ),  # calls result_type, to
-        (["aten::mul"], True, "elementwise"),  # a scalar's aten::to inside: the mul does the work
-        (["aten::add"], "again", "host"),  # DTensor's add: sharding propagation, then the local add
-        (["aten::mm"], "again", "host"),  # DTensor's mm around the local mm
-        (
-            ["aten::rsqrt"],
-            "again",
-            "host",
-        ),  # DTensor's op that calls Python (a PythonSubclass event) for its local op
-        (["aten::add"], False, "elementwise"),  # the local add: the work
-        (
-            ["aten::_scaled_dot_product_flash_attention_for_cpu"],
-            True,
-            "attention",
-        ),  # allocates its outputs inside
-        (["aten::cross_entropy_loss"], True, "loss"),
-        (["aten::linear", "aten::t"], False, "host"),  # a view
-        (
-            ["Torch-Compiled Region: 0/0", "## Call CompiledFxGraph fabc ##"],
-            False,
-            "elementwise",
-        ),  # Inductor's C++
-        (["Torch-Compiled Region: 0/0", "## Call CompiledFxGraph fabc ##", "aten::mm"], False, "matmul"),
-        (["aten::empty_strided"], False, "host"),
-    ],
-)
-def test_classify_cpu_dispatch_and_views(stack, dispatch, term):
-    assert classify(stack, None, dispatch) == term
+# (stack, a tensor subclass's dispatch around the same op, term): the CPU's own time of an op
+SUBCLASS = [
+    (["aten::linear"], False, "host"),  # calls t + matmul: its own time is dispatch
+    (["aten::linear", "aten::to", "aten::_to_copy"], False, "host"),  # allocates, then calls copy_
+    (["aten::rms_norm", "aten::_fused_rms_norm"], False, "host"),  # on CPU: pow, mean, add, rsqrt, mul inside
+    (["aten::rms_norm", "aten::_fused_rms_norm", "aten::pow"], False, "elementwise"),  # calls result_type, to
+    (["aten::mul"], False, "elementwise"),  # a scalar's aten::to inside: the mul does the work
+    (["aten::add"], True, "host"),  # DTensor's add: sharding propagation, then the local add
+    (["aten::mm"], True, "host"),  # DTensor's mm around the local mm
+    (["aten::rsqrt"], True, "host"),  # DTensor's op calling Python (a PythonSubclass event) for its local op
+    (["aten::add"], False, "elementwise"),  # the local add: the work
+    (["aten::_scaled_dot_product_flash_attention_for_cpu"], False, "attention"),  # allocates inside
+    (["aten::cross_entropy_loss"], False, "loss"),
+    (["aten::linear", "aten::t"], False, "host"),  # a view
+    (
+        ["Torch-Compiled Region: 0/0", "## Call CompiledFxGraph fabc ##"],
+        False,
+        "elementwise",
+    ),  # Inductor's C++
+    (["Torch-Compiled Region: 0/0", "## Call CompiledFxGraph fabc ##", "aten::mm"], False, "matmul"),
+    (["aten::empty_strided"], False, "host"),
+]
+
+
+@pytest.mark.parametrize("stack, subclass, term", SUBCLASS)
+def test_classify_cpu_dispatch_and_views(stack, subclass, term):
+    assert classify(stack, None, subclass) == term
 
 
 def _x(name, ts, dur, tid=1, cat="cpu_op", **args):

@@ -43,8 +43,7 @@ _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#|linalg_vector_norm|_fore
 # op and annotation names (torch.profiler's cpu_op / user_annotation events)
 _COMM = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|Redistribute|FSDP::|gloo:|nccl:)"
                    r"|RegisterPostBackward|wait_tensor")  # fmt: skip
-_ATTENTION = re.compile(r"^aten::_?(scaled_dot_product|_scaled_dot_product|_flash_attention|_efficient_attention"
-                        r"|_cudnn_attention)")  # fmt: skip
+_ATTENTION = re.compile(r"^aten::_?(scaled_dot_product|flash_attention|efficient_attention|cudnn_attention)")
 _LOSS = re.compile(r"^aten::(_log_softmax|log_softmax|_log_softmax_backward_data|nll_loss|cross_entropy)")
 _MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_mm|_addmm_activation)$")
 _COMPILED = re.compile(r"^## Call CompiledFxGraph|^Torch-Compiled Region")
@@ -65,18 +64,18 @@ _COMPOSITE = re.compile(r"^aten::(linear|matmul|to|_to_copy|type_as|contiguous|r
                         r"|_fused_rms_norm|layer_norm|square|einsum|dropout|repeat_interleave)$")  # fmt: skip
 
 
-def classify(stack: list[str], kernel: str | None = None, dispatch: bool | str = False) -> str:
+def classify(stack: list[str], kernel: str | None = None, subclass: bool = False) -> str:
     """The term of an instant whose enclosing events are `stack` (outermost first) and, on a device, `kernel`
     (its name; None for a CPU trace). From the innermost event outwards: a compute op decides; an aten op that is
     none of them is elementwise unless an op around it is (aten::copy_ inside cross-entropy is the loss's); a
     collective, redistribute or FSDP hook decides only for time not inside an aten op (the wait). On a CPU the
     own time of an op that only makes views or allocates, of a composite whose work its inner ops do (linear,
     _to_copy, the CPU's composite RMSNorm, ...) and of a tensor subclass's op that calls the same op (or Python)
-    for its local tensor (`dispatch="again"`: DTensor's sharding propagation) is `host`."""
+    for its local tensor (`subclass`: DTensor's sharding propagation) is `host`."""
     if any(_OPTIMIZER.search(n) for n in stack):
         return "optimizer"
     if kernel is None and stack and stack[-1].startswith("aten::"):
-        if _METADATA.search(stack[-1]) or _COMPOSITE.search(stack[-1]) or dispatch == "again":
+        if _METADATA.search(stack[-1]) or _COMPOSITE.search(stack[-1]) or subclass:
             return "host"
     if kernel is not None:
         for pattern, term in ((_K_COMM, "communication"), (_K_ATTENTION, "attention"), (_K_LOSS, "loss"),
@@ -115,15 +114,14 @@ def _step_window(events: list[dict], path) -> tuple[float, float, object]:
 
 def _nest(
     events: list[dict], points: list[float] = ()
-) -> tuple[list[tuple[list[str], float, bool | str]], list[list[str]]]:
+) -> tuple[list[tuple[list[str], float, bool]], list[list[str]]]:
     """One thread's events as a nesting: for each event its stack (outermost first, itself last), self time (its
-    duration less its children's, in us) and whether it calls aten ops ("again": the same op); for each instant in
-    `points`, the stack of events around it."""
+    duration less its children's, in us) and whether it calls the same op or Python (a tensor subclass's op); for
+    each instant in `points`, the stack of events around it."""
     order = sorted(range(len(events)), key=lambda i: (events[i]["ts"], -events[i]["dur"]))
     pts = sorted(range(len(points)), key=lambda i: points[i])
     selfs = [float(e["dur"]) for e in events]
-    calls = [False] * len(events)  # an aten op with an aten op inside it
-    again = [False] * len(events)  # ... with the same op inside it (a tensor subclass's dispatch: DTensor)
+    again = [False] * len(events)  # the same op (or Python) inside it: a tensor subclass's dispatch (DTensor)
     names: list[list[str]] = [[] for _ in events]
     at: list[list[str]] = [[] for _ in points]
     stack: list[int] = []  # indices of the open events, outermost first
@@ -142,14 +140,13 @@ def _nest(
         pop_until(e["ts"])
         if stack:
             selfs[stack[-1]] -= e["dur"]
-            calls[stack[-1]] = calls[stack[-1]] or str(e["name"]).startswith("aten::")
             again[stack[-1]] = again[stack[-1]] or e["name"] in (events[stack[-1]]["name"], "PythonSubclass")
         stack.append(i)
         names[i] = [events[k]["name"] for k in stack]
     for k in pts[j:]:
         pop_until(points[k])
         at[k] = [events[m]["name"] for m in stack]
-    return [(names[i], selfs[i], "again" if again[i] else calls[i]) for i in range(len(events))], at
+    return [(names[i], selfs[i], again[i]) for i in range(len(events))], at
 
 
 def _thread_events(events: list[dict], tid) -> list[dict]:
@@ -162,8 +159,8 @@ def _cpu_terms(events: list[dict], t0: float, t1: float, tid) -> dict[str, float
     evs = [e for e in _thread_events(events, tid) if t0 <= e["ts"] < t1]
     out = dict.fromkeys(TERMS, 0.0)
     nested, _ = _nest(evs)
-    for stack, self_us, calls in nested:
-        out[classify(stack, dispatch=calls)] += max(self_us, 0.0) / 1e6
+    for stack, self_us, subclass in nested:
+        out[classify(stack, subclass=subclass)] += max(self_us, 0.0) / 1e6
     top = _union([(e["ts"], min(t1, e["ts"] + e["dur"])) for e in evs])
     out["host"] += ((t1 - t0) - _length(top)) / 1e6  # inside no event: Python between ops, waits outside ops
     return out
