@@ -122,8 +122,10 @@ def measure_loss(plan: Plan, device, dtype, seconds) -> float:
     logarithms cost more than the bytes (docs/estimate_log.md, "The CPU step term by term")."""
     from torchtitan.loss import cross_entropy_loss
 
-    rows = int(min(plan.tokens_per_pass, _ROWS_CAP.get(device.type, 8192)))
     vocab = int(plan.loss_vocab)
+    # rows capped, and to 2^28 logits (~4 GB of fp32 logits, their gradients and the bf16 input): enough to be
+    # measured at its sustained rate, small enough beside a large vocabulary
+    rows = int(max(1, min(plan.tokens_per_pass, _ROWS_CAP.get(device.type, 8192), 2**28 // vocab)))
     g = torch.Generator(device=device).manual_seed(0)
     logits = torch.randn(1, rows, vocab, device=device, dtype=dtype, generator=g, requires_grad=True)
     labels = torch.randint(0, vocab, (1, rows), device=device, generator=g)
