@@ -20,7 +20,7 @@ import sys
 
 import pytest
 import torch
-from test_parity import COMMON, RTOL, SHARDED, STEPS, check, layout_rows, single_rows
+from test_parity import COMMON, RTOL, SHARDED, STEPS, check, layout_rows, parity_runs, single_rows
 
 from conftest import ROOT
 
@@ -51,9 +51,11 @@ def single(tmp_path_factory, worker_id):
 
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-    # tests/dist/train_many.py, which layout_rows runs them with, registers the CPU kernel as CP_CPU does
-    return layout_rows(LAYOUTS, tmp_path_factory.mktemp("cp_layouts"))
+def layouts(tmp_path_factory, worker_id):
+    # trained once per session with tests/test_parity.py's and test_parity_pp.py's runs (test_parity.parity_runs) by
+    # tests/dist/train_many.py, which registers the CPU kernel as CP_CPU does
+    rows = parity_runs(tmp_path_factory, worker_id)
+    return {name: rows[f"cp-{name}"] for name in LAYOUTS}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
