@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,15 +73,16 @@ ACCUMULATION = {
 }
 
 _PARITY_ROWS: dict[str, list[dict]] = {}  # parity_runs's answer, read once per pytest process
+_PARITY_DIRS: dict[str, Path] = {}  # their dump folders (shared: read-only, copy one before changing it)
 
 
 def parity_runs(tmp_path_factory, worker_id) -> dict[str, list[dict]]:
     """The metrics.jsonl rows of every run that this file, tests/test_parity_cp.py and tests/test_parity_pp.py compare
     with each other, trained once per session (conftest.shared_run) and keyed "<file>-<name>": this file's LAYOUTS
-    and ACCUMULATION ("parity-..."), test_parity_cp.LAYOUTS ("cp-..."), test_parity_pp.LAYOUTS ("pp-..."), and the
-    two 1-process references, "parity-single" (this file's and test_parity_cp.py's) and "pp-baseline". The runs of
-    one world size train in one torchrun (layout_rows), so the three files start one process, one 2-rank and one
-    4-rank torchrun between them instead of four, three and three; each run gets exactly the arguments its test
+    and ACCUMULATION ("parity-..."), test_parity_cp.LAYOUTS and RESUME ("cp-..."), test_parity_pp.LAYOUTS ("pp-..."),
+    and the two 1-process references, "parity-single" (this file's and test_parity_cp.py's) and "pp-baseline". The
+    runs of one world size train in one torchrun (layout_rows), so the three files start one process, one 2-rank and
+    one 4-rank torchrun between them instead of four, four and three; each run gets exactly the arguments its test
     gave it alone (loss_compare.run's defaults first)."""
     if _PARITY_ROWS:
         return _PARITY_ROWS
@@ -92,6 +94,7 @@ def parity_runs(tmp_path_factory, worker_id) -> dict[str, list[dict]]:
         "pp-baseline": (1, [*test_parity_pp.COMMON, "--training.local_batch_size=4"]),
     }
     runs.update({f"parity-{name}": run for name, run in ACCUMULATION.items()})
+    runs.update({f"cp-{name}": run for name, run in test_parity_cp.RESUME.items()})
     for prefix, layouts, common in (
         ("parity", LAYOUTS, SHARDED),
         ("cp", test_parity_cp.LAYOUTS, SHARDED),
@@ -104,7 +107,14 @@ def parity_runs(tmp_path_factory, worker_id) -> dict[str, list[dict]]:
 
     out = shared_run(tmp_path_factory, worker_id, "parity_runs", build)
     _PARITY_ROWS.update(json.loads((out / "rows.json").read_text()))
+    _PARITY_DIRS.update({name: out / f"{n}_ranks" / name for name, (n, _) in runs.items()})
     return _PARITY_ROWS
+
+
+def parity_folder(tmp_path_factory, worker_id, name: str) -> Path:
+    """The dump folder of parity_runs's run `name` (shared: copy it before changing it)."""
+    parity_runs(tmp_path_factory, worker_id)
+    return _PARITY_DIRS[name]
 
 
 def single_rows(tmp_path_factory, worker_id) -> list[dict]:
