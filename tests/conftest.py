@@ -41,13 +41,11 @@ FIXED_PEAK = "--metrics.peak_tflops=1"
 # follow in their usual order; the order changes when tests run, never what they check.
 LONGEST_FIRST = [
     "test_slurm.py",  # mostly waiting on SLURM (requeue): it overlaps the other worker's compute
+    "test_parity_cp.py",  # the first of the three parity files to start trains all their runs (test_parity.parity_runs)
     "test_faults.py",
     "test_launch.py",
     "test_simulate.py",
     "test_checkpoint.py",
-    "test_parity_cp.py",
-    "test_parity.py",
-    "test_parity_pp.py",
     "test_startup.py",
     "test_float8.py",
     "test_validation.py",
@@ -55,6 +53,7 @@ LONGEST_FIRST = [
     "test_readme.py",
     "test_init_layout.py",
     "test_estimate.py",
+    "test_parity_pp.py",  # its layouts come from test_parity_cp.py's start (above): its own runs take ~10 CPU-s
     "test_perplexity_hf.py",
     "test_train_e2e.py",
     "test_observability.py",
@@ -64,6 +63,7 @@ LONGEST_FIRST = [
     "test_compile.py",
     "test_goodput.py",
     "test_checkpoint_hf.py",
+    "test_parity.py",  # every run of it comes from test_parity_cp.py's start: late, so that it does not wait for them
 ]
 
 

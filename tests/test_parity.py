@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import FIXED_PEAK, ROOT, shared_run, train_together
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from loss_compare import PARITY_DEFAULTS, compare, loss_compare, run  # noqa: E402
+from loss_compare import PARITY_DEFAULTS, compare  # noqa: E402
 
 RTOL = 1e-5
 STEPS = 10
@@ -58,15 +59,68 @@ LAYOUTS = {
 }
 
 
+# The gradient accumulation tests' runs (name: (processes, arguments)), trained with the layouts (parity_runs): one
+# step of 4 sequences against 4 micro-steps of 1, in one process and under FSDP 2 (data.num_shards=2: the same 4
+# windows per step).
+ACCUMULATION = {
+    "one_step": (1, [*COMMON, "--training.local_batch_size=4"]),
+    "micro_steps": (1, [*COMMON, "--training.local_batch_size=1", "--training.global_batch_size=4"]),
+    "fsdp_one_step": (1, [*COMMON, "--data.num_shards=2", "--training.local_batch_size=4"]),
+    "fsdp_micro_steps": (
+        2,
+        [*COMMON, "--data.num_shards=2", "--training.local_batch_size=1", "--training.global_batch_size=4"],
+    ),
+}
+
+_PARITY_ROWS: dict[str, list[dict]] = {}  # parity_runs's answer, read once per pytest process
+_PARITY_DIRS: dict[str, Path] = {}  # their dump folders (shared: read-only, copy one before changing it)
+
+
+def parity_runs(tmp_path_factory, worker_id) -> dict[str, list[dict]]:
+    """The metrics.jsonl rows of every run that this file, tests/test_parity_cp.py and tests/test_parity_pp.py compare
+    with each other, trained once per session (conftest.shared_run) and keyed "<file>-<name>": this file's LAYOUTS
+    and ACCUMULATION ("parity-..."), test_parity_cp.LAYOUTS and RESUME ("cp-..."), test_parity_pp.LAYOUTS ("pp-..."),
+    and the two 1-process references, "parity-single" (this file's and test_parity_cp.py's) and "pp-baseline". The
+    runs of one world size train in one torchrun (layout_rows), so the three files start one process, one 2-rank and
+    one 4-rank torchrun between them instead of four, four and three; each run gets exactly the arguments its test
+    gave it alone (loss_compare.run's defaults first)."""
+    if _PARITY_ROWS:
+        return _PARITY_ROWS
+    import test_parity_cp
+    import test_parity_pp
+
+    runs = {
+        "parity-single": (1, [*SHARDED, "--training.local_batch_size=4"]),
+        "pp-baseline": (1, [*test_parity_pp.COMMON, "--training.local_batch_size=4"]),
+    }
+    runs.update({f"parity-{name}": run for name, run in ACCUMULATION.items()})
+    runs.update({f"cp-{name}": run for name, run in test_parity_cp.RESUME.items()})
+    for prefix, layouts, common in (
+        ("parity", LAYOUTS, SHARDED),
+        ("cp", test_parity_cp.LAYOUTS, SHARDED),
+        ("pp", test_parity_pp.LAYOUTS, test_parity_pp.COMMON),
+    ):
+        runs.update({f"{prefix}-{name}": (n, [*common, *args]) for name, (n, args) in layouts.items()})
+
+    def build(out):
+        (out / "rows.json").write_text(json.dumps(layout_rows(runs, out, common=[])))
+
+    out = shared_run(tmp_path_factory, worker_id, "parity_runs", build)
+    _PARITY_ROWS.update(json.loads((out / "rows.json").read_text()))
+    _PARITY_DIRS.update({name: out / f"{n}_ranks" / name for name, (n, _) in runs.items()})
+    return _PARITY_ROWS
+
+
+def parity_folder(tmp_path_factory, worker_id, name: str) -> Path:
+    """The dump folder of parity_runs's run `name` (shared: copy it before changing it)."""
+    parity_runs(tmp_path_factory, worker_id)
+    return _PARITY_DIRS[name]
+
+
 def single_rows(tmp_path_factory, worker_id) -> list[dict]:
     """The 1-process reference run (metrics.jsonl rows), made once per session for this file and
     tests/test_parity_cp.py, which compare with the same run."""
-
-    def build(out):
-        run(1, [*SHARDED, "--training.local_batch_size=4"], str(out))
-
-    out = shared_run(tmp_path_factory, worker_id, "parity_single", build)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return parity_runs(tmp_path_factory, worker_id)["parity-single"]
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +140,9 @@ def layout_rows(layouts: dict[str, tuple[int, list[str]]], root, common=SHARDED)
 
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-    return layout_rows(LAYOUTS, tmp_path_factory.mktemp("layouts"))
+def layouts(tmp_path_factory, worker_id):
+    rows = parity_runs(tmp_path_factory, worker_id)
+    return {name: rows[f"parity-{name}"] for name in LAYOUTS}
 
 
 def check(report: str, worst: dict):
@@ -105,25 +160,16 @@ def test_layout_matches_single_process(layout, single, layouts):
     assert single[0]["loss/global_avg"] > 5 and single[-1]["loss/global_avg"] < single[0]["loss/global_avg"]
 
 
-def test_gradient_accumulation_equals_one_large_batch(tmp_path):
+def test_gradient_accumulation_equals_one_large_batch(tmp_path_factory, worker_id):
     """4 micro-steps of 1 sequence == one step of 4 sequences (same 4 windows, in the same order)."""
-    runs = {
-        "one_step": (1, ["--training.local_batch_size=4"]),
-        "micro_steps": (1, ["--training.local_batch_size=1", "--training.global_batch_size=4"]),
-    }
-    trained = layout_rows(runs, tmp_path, COMMON)  # both in one process
-    lines, worst = compare(trained["one_step"], trained["micro_steps"], RTOL)
+    rows = parity_runs(tmp_path_factory, worker_id)  # both in one process
+    lines, worst = compare(rows["parity-one_step"], rows["parity-micro_steps"], RTOL)
     check("\n".join(lines), worst)
 
 
-def test_gradient_accumulation_with_fsdp_sums_over_ranks_and_micro_steps():
+def test_gradient_accumulation_with_fsdp_sums_over_ranks_and_micro_steps(tmp_path_factory, worker_id):
     """FSDP 2 x 2 micro-steps of 1 sequence == 1 process, one step of 4 (the same 4 windows per step)."""
-    ok, report, worst = loss_compare(
-        ["--training.local_batch_size=4"],
-        ["--training.local_batch_size=1", "--training.global_batch_size=4"],
-        nproc_b=2,
-        common=[*COMMON, "--data.num_shards=2"],
-        rtol=RTOL,
-    )
-    check(report, worst)
-    assert ok
+    rows = parity_runs(tmp_path_factory, worker_id)
+    lines, worst = compare(rows["parity-fsdp_one_step"], rows["parity-fsdp_micro_steps"], RTOL)
+    check("\n".join(lines), worst)
+    assert all(v <= RTOL for v in worst.values())  # loss_compare()'s verdict, as before

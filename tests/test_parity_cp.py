@@ -15,12 +15,13 @@ grad norm within these 10 steps (measured by removing it); a loss not added over
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from test_parity import COMMON, RTOL, SHARDED, STEPS, check, layout_rows, single_rows
+from test_parity import COMMON, RTOL, SHARDED, STEPS, check, parity_folder, parity_runs, single_rows
 
 from conftest import ROOT
 
@@ -51,9 +52,11 @@ def single(tmp_path_factory, worker_id):
 
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-    # tests/dist/train_many.py, which layout_rows runs them with, registers the CPU kernel as CP_CPU does
-    return layout_rows(LAYOUTS, tmp_path_factory.mktemp("cp_layouts"))
+def layouts(tmp_path_factory, worker_id):
+    # trained once per session with tests/test_parity.py's and test_parity_pp.py's runs (test_parity.parity_runs) by
+    # tests/dist/train_many.py, which registers the CPU kernel as CP_CPU does
+    rows = parity_runs(tmp_path_factory, worker_id)
+    return {name: rows[f"cp-{name}"] for name in LAYOUTS}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -62,22 +65,25 @@ def test_cp_layout_matches_single_process(layout, single, layouts):
     check("\n".join(lines), worst)
 
 
-def test_cp_resume_is_bitwise_identical(tmp_path):
+# CP 2 x FSDP, 6 steps, checkpoints at 3 and 6; the first half stops at 3. Both trained with the parity runs
+# (test_parity.parity_runs, in their 2-rank torchrun: train_many.py registers the CPU kernel as CP_CPU does).
+CP_RESUME = [
+    *SHARDED,
+    "--training.local_batch_size=4",
+    CP2,
+    "--training.steps=6",
+    "--checkpoint.enable=true",
+    "--checkpoint.interval=3",
+]
+RESUME = {"resume_straight": (2, CP_RESUME), "resume_first_half": (2, [*CP_RESUME, "--training.steps=3"])}
+
+
+def test_cp_resume_is_bitwise_identical(tmp_path, tmp_path_factory, worker_id):
     """CP 2 x FSDP: stop at step 3 (checkpoint), resume to 6; steps 4-6 equal the straight run's bit for bit."""
-    args = [
-        *SHARDED,
-        "--training.local_batch_size=4",
-        CP2,
-        "--training.steps=6",
-        "--checkpoint.enable=true",
-        "--checkpoint.interval=3",
-    ]
-    # the straight run and the first half in one torchrun (train_many.py registers the CPU kernel as CP_CPU does)
-    first = layout_rows(
-        {"straight": (2, args), "resumed": (2, [*args, "--training.steps=3"])}, tmp_path, common=[]
-    )
-    straight = first["straight"]
-    resumed = run(2, args, str(tmp_path / "2_ranks" / "resumed"), script=CP_CPU)
+    straight = parity_runs(tmp_path_factory, worker_id)["cp-resume_straight"]
+    folder = tmp_path / "resumed"  # the first half's folder is shared: the resume continues in a copy of it
+    shutil.copytree(parity_folder(tmp_path_factory, worker_id, "cp-resume_first_half"), folder)
+    resumed = run(2, CP_RESUME, str(folder), script=CP_CPU)
     key = ("loss/global_avg", "grad_norm")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     assert [[r[k] for k in key] for r in resumed[3:]] == [[r[k] for k in key] for r in straight[3:]]

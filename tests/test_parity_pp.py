@@ -15,12 +15,12 @@ import sys
 
 import pytest
 import torch
-from test_parity import layout_rows
+from test_parity import parity_runs
 
 from conftest import FIXED_PEAK, ROOT, TINY, run_script, train_env
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from loss_compare import compare, run  # noqa: E402
+from loss_compare import compare  # noqa: E402
 
 RTOL = 1e-5
 COMMON = [*TINY, FIXED_PEAK, "--training.steps=10", "--data.num_shards=2", "--lr_scheduler.warmup_steps=2"]
@@ -47,8 +47,9 @@ def monkeypatch_module():
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    return run(1, [*COMMON, "--training.local_batch_size=4"], str(tmp_path_factory.mktemp("one")))
+def baseline(tmp_path_factory, worker_id):
+    # trained once per session with tests/test_parity.py's and test_parity_cp.py's runs (test_parity.parity_runs)
+    return parity_runs(tmp_path_factory, worker_id)["pp-baseline"]
 
 
 def check(baseline, rows, label):
@@ -58,7 +59,7 @@ def check(baseline, rows, label):
     assert all(v <= RTOL for v in worst.values()), "\n".join([label, *lines])
 
 
-# name: (processes, arguments); the layouts of one world size train in one torchrun (test_parity.layout_rows)
+# name: (processes, arguments); the layouts of one world size train in one torchrun (test_parity.parity_runs)
 LAYOUTS = {
     # 4 ranks: pp 2 x dp_shard 2, local batch 2 per dp rank -> 2 micro-batches of 1 sequence
     "pp2_fsdp2_GPipe": (4, ["--training.local_batch_size=2", *pp("GPipe")]),
@@ -88,8 +89,10 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-    return layout_rows(LAYOUTS, tmp_path_factory.mktemp("pp_layouts"), common=COMMON)
+def layouts(tmp_path_factory, worker_id):
+    # each layout after COMMON, trained with the baseline (above)
+    rows = parity_runs(tmp_path_factory, worker_id)
+    return {name: rows[f"pp-{name}"] for name in LAYOUTS}
 
 
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])

@@ -10,10 +10,13 @@ metrics.jsonl identical to the separate runs'. Each run creates and destroys its
 Alone, a failed run is its result (with its stderr) and the next one runs, and the script exits 0. With
 --together (the ranks of one torchrun world) stderr stays on the console and the ranks stop at the first failed
 run, whose peers may be waiting in a collective, exiting with its code.
-With the fake backend, not for two pipeline layouts of the same world and mesh in a row: torch's cached
-process-group names then point at the previous run's groups (gloo runs are not affected: tests/test_parity_pp.py
-trains GPipe, 1F1B and PP x TP in a row). torch's context-parallel ring attention gets the CPU kernel first
-(tests/cp_cpu_kernel.py), so context-parallel layouts run too.
+Between runs DTensor's sharding-propagation caches are cleared, as a new process starts: without that a run whose
+mesh compares equal to an earlier run's got the earlier mesh, whose process groups are destroyed, in its
+gradients' specs (gloo, FSDP 2 x TP 2 then CP 2 x TP 2 in one 4-rank torchrun: "Could not resolve the process
+group registered under the name 19" in clip_grad_norm_). With the fake backend, not for two pipeline layouts of
+the same world and mesh in a row: torch's cached process-group names then point at the previous run's groups
+(seen before the caches were cleared; not tried since). torch's context-parallel ring attention gets the CPU
+kernel first (tests/cp_cpu_kernel.py), so context-parallel layouts run too.
 """
 
 import contextlib
@@ -32,6 +35,7 @@ from torchtitan import gc_policy  # noqa: E402
 gc_policy.pause()  # as train.py: before torch's imports; each run's train() resumes it
 
 import cp_cpu_kernel  # noqa: E402
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache  # noqa: E402
 
 from torchtitan.parallel.distributed import exit_process  # noqa: E402
 from torchtitan.train import main  # noqa: E402
@@ -50,6 +54,10 @@ if __name__ == "__main__":
                 rc = 1
         results.append({"rc": rc, "stderr": err.getvalue()[-2000:]})
         gc.collect()  # the trainer disables the cyclic GC during a run
+        # DTensor's sharding-propagation caches outlive the run: a later run whose mesh compares equal to this one's
+        # would get output specs holding this run's mesh, whose process groups are destroyed ("Could not resolve the
+        # process group registered under the name ..."). A new process starts with them empty.
+        _clear_sharding_prop_cache()
         if together and rc:
             break
     if os.environ.get("RANK", "0") == "0":
