@@ -196,3 +196,21 @@ def test_compare_lines_against_a_stored_cpu_estimate(tmp_path):
     assert float(by_term["communication"][1]) == pytest.approx(
         (est["step_time_breakdown_s"]["fsdp_comm_exposed"]) * 1e3, abs=0.05
     )
+
+
+def test_cpu_records_that_do_not_nest_are_counted_once(tmp_path):
+    """An event that ends after its parent (torch.profiler records can) and gloo's asynchronous records on the main
+    thread (an isend's `gloo:send` lasts until the peer has received it) do not count the thread's time twice."""
+    events = [
+        _x("ProfilerStep#3", 0, 1000, cat="user_annotation"),
+        _x("aten::add", 0, 300),
+        _x("aten::mul", 250, 150),  # starts inside add, ends 100 us after it
+        _x("gloo:send", 400, 5000, cat="user_annotation"),  # async: the send completes long after
+        _x("aten::mm", 500, 200),
+    ]
+    m = trace_terms(_write(tmp_path, events))
+    t = m["terms"]
+    assert t["elementwise"] == pytest.approx(400e-6)  # 0-400, once
+    assert t["matmul"] == pytest.approx(200e-6)
+    assert t["communication"] == 0 and t["host"] == pytest.approx(400e-6)  # 400-500 and 700-1000
+    assert sum(t.values()) == pytest.approx(m["step_s"])

@@ -46,6 +46,7 @@ _COMM = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_
 _ATTENTION = re.compile(r"^aten::_?(scaled_dot_product|flash_attention|efficient_attention|cudnn_attention)")
 _LOSS = re.compile(r"^aten::(_log_softmax|log_softmax|_log_softmax_backward_data|nll_loss|cross_entropy)")
 _MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_mm|_addmm_activation)$")
+_ASYNC = re.compile(r"^(gloo|nccl):")
 _COMPILED = re.compile(r"^## Call CompiledFxGraph|^Torch-Compiled Region")
 # device kernel names (CUDA: cuBLAS, CUTLASS, FlashAttention, cuDNN, PyTorch's own and Triton's fused kernels)
 _K_COMM = re.compile(r"nccl", re.IGNORECASE)
@@ -154,15 +155,44 @@ def _thread_events(events: list[dict], tid) -> list[dict]:
             "user_annotation") and not str(e["name"]).startswith("ProfilerStep#")]  # fmt: skip
 
 
+def _own_times(events: list[dict], t0: float, t1: float) -> tuple[list[float], float]:
+    """Each event's own time in [t0, t1), in us: every instant goes to the innermost event running then (the latest
+    to start; of two, the shorter), so that the times add up to the window even where a record does not nest
+    (an event that ends after its parent); and the time inside no event."""
+    import heapq
+
+    own = [0.0] * len(events)
+    starts = sorted(range(len(events)), key=lambda i: events[i]["ts"])
+    bounds = sorted(
+        {t0, t1, *(min(t1, max(t0, e["ts"] + e["dur"])) for e in events), *(e["ts"] for e in events)}
+    )
+    active: list[tuple[float, float, int]] = []  # (-start, duration, index): the innermost on top
+    j, idle = 0, 0.0
+    for a, b in zip(bounds, bounds[1:]):
+        while j < len(starts) and events[starts[j]]["ts"] <= a:
+            e = events[starts[j]]
+            heapq.heappush(active, (-e["ts"], e["dur"], starts[j]))
+            j += 1
+        while active and events[active[0][2]]["ts"] + events[active[0][2]]["dur"] <= a:
+            heapq.heappop(active)  # ended: an ended event below the top surfaces (and goes) later
+        if active:
+            own[active[0][2]] += b - a
+        else:
+            idle += b - a
+    return own, idle
+
+
 def _cpu_terms(events: list[dict], t0: float, t1: float, tid) -> dict[str, float]:
-    """Seconds of the main thread in the step by term: each event's self time under its stack's term."""
-    evs = [e for e in _thread_events(events, tid) if t0 <= e["ts"] < t1]
+    """Seconds of the main thread in the step by term: each event's own time under its stack's term. The `gloo:`
+    and `nccl:` records are asynchronous work (an isend's record lasts until its peer received it), not the
+    thread's time."""
+    evs = [e for e in _thread_events(events, tid) if t0 <= e["ts"] < t1 and not _ASYNC.search(e["name"])]
     out = dict.fromkeys(TERMS, 0.0)
     nested, _ = _nest(evs)
-    for stack, self_us, subclass in nested:
-        out[classify(stack, subclass=subclass)] += max(self_us, 0.0) / 1e6
-    top = _union([(e["ts"], min(t1, e["ts"] + e["dur"])) for e in evs])
-    out["host"] += ((t1 - t0) - _length(top)) / 1e6  # inside no event: Python between ops, waits outside ops
+    own, idle = _own_times(evs, t0, t1)
+    for (stack, _, subclass), us in zip(nested, own):
+        out[classify(stack, subclass=subclass)] += us / 1e6
+    out["host"] += idle / 1e6  # inside no event: Python between ops, waits outside ops
     return out
 
 
