@@ -302,6 +302,30 @@ _CPU_FSDP_RSS = (
     " retention of 'CPU resident memory by measurement'; FSDP's gloo buffers and the 2-process data loading are not"
     " measured separately: not explained"
 )
+_CPU_HELDOUT = (
+    "this machine's held-out configurations of 2026-11-25 (session 21; 2 processes, gloo, 1 thread each, measured"
+    " after the eager-loss calibration and committed before their estimate; every CPU step estimated low, 10-40 %):"
+    " summed by the estimator's terms from a profiled step (scripts/step_terms.py), the calibrated rates price"
+    " attention within a few % but the matmuls 12-20 % fast, the elementwise ops at half their time and the loss low,"
+    " and the host's own time (autograd, Python, DTensor's dispatch; 20-160 ms a step) not at all"
+    " (docs/estimate_log.md, 'The CPU step term by term')"
+)
+_CPU_LARGE_FSDP_RSS = _CPU_HELDOUT + (
+    ": debugmodel_large on FSDP 2 at 4 x 256, rank 0's peak RSS 1.146 GiB against 0.938 estimated, -18.2 %; the same"
+    " model in 1 process is estimated within 0.1 %, so the 0.2 GiB is what two FSDP processes add (gloo's and FSDP's"
+    " buffers, the heap's retention at 2 processes), not measured separately: not explained"
+)
+_CPU_LARGE_TP2 = _CPU_HELDOUT + (
+    ": debugmodel_large on TP 2 at 4 x 256, 0.700 s against 0.419 estimated, -40.1 %; its profiled step (743 ms) holds"
+    " 216 ms of waits in redistributes and collectives (78 estimated), 81 ms of host time (DTensor's dispatch), 121 ms"
+    " of elementwise ops (63) and 201 ms of matmuls (160): TP on a CPU is the worst-priced layout, as TP 2 of the"
+    " debug model the same day (-17.1 %)"
+)
+_CPU_PP_INTERLEAVED = _CPU_HELDOUT + (
+    ": 8 layers on PP 2 with Interleaved1F1B, 2 stages per rank, 0.535 s against 0.415 estimated, -22.5 %; the last"
+    " stage's profiled step (619 ms) waits 159 ms in no op (the peers' activations and gradients: the bubble and the"
+    " transfers, estimated 35 ms) and its elementwise, matmul and loss terms are 26, 32 and 14 ms over the estimate"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
     ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
@@ -362,6 +386,9 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("cpu_debug_2proc_tp2_1125", "step time s"): _CPU_TP2,
     ("cpu_debug_2proc_tp2_1125", "max RSS GiB"): _CPU_TP2,
     ("cpu_debug_2proc_fsdp_1125", "max RSS GiB"): _CPU_FSDP_RSS,
+    ("cpu_large_2proc_fsdp_b4_1125", "max RSS GiB"): _CPU_LARGE_FSDP_RSS,
+    ("cpu_large_2proc_tp2_b4_1125", "step time s"): _CPU_LARGE_TP2,
+    ("cpu_debug8l_2proc_pp2_interleaved_1125", "step time s"): _CPU_PP_INTERLEAVED,
     ("h100_olmocore_llama8b_fsdp8_compile_float8", "tokens/s/device"): _OLMOCORE,
     ("h100_smol_playbook_1b_ddp8_nanotron", "tokens/s/device"): _SMOL_1B,
     ("a100_40gb_tinyllama_fsdp8_b4_none_eager_litgpt_thunder", "tokens/s/device"): _LITGPT_THUNDER_EAGER,
@@ -396,12 +423,13 @@ def test_outside_list_names_real_rows():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the cross-validated median absolute error is 5.77 % over 318 figures (goal <= 5 %; in-sample 5.48 %):"
+    reason="the cross-validated median absolute error is 6.09 % over 329 figures (goal <= 5 %; in-sample 5.85 %):"
     " since the decode step's per-layer overhead is fitted and cross-validated (validation.FITTED), gpt-fast's"
     " single-GPU rows are estimated with the value chosen without them (45 us against 60 fitted on every source):"
     " 5.14 % on session 19's 297 figures; the fifteenth out-of-sample pass's 14 figures, 9 of its 11 tokens/s"
     " estimated high, brought it to 5.44 %, and this machine's 7 figures of 2026-11-25 (CPU layouts, none within 5"
-    " %) to 5.77 % (docs/estimate.md, 'Where the goal stands'): not reached",
+    " %) to 5.77 %, and the 11 figures of six held-out CPU configurations (session 21: 8 within goal, 1 within 5 %,"
+    " every step time low) to 6.09 % (docs/estimate.md, 'Where the goal stands'): not reached",
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
