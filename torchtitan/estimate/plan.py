@@ -63,9 +63,8 @@ class Calibration:
     hbm_gbps: float | None = None  # elementwise copy bandwidth actually sustained
     collective_gbps: float | None = None  # all-gather / reduce-scatter bus bandwidth between the processes
     runtime_rss_gib: float | None = None  # CPU: resident memory of the trainer's runtime, before any model
-    loss_ns_per_logit: float | None = (
-        None  # the trainer's eager cross-entropy (fp32 upcast), forward + backward
-    )
+    # the trainer's eager cross-entropy (fp32 upcast), forward + backward, per logit
+    loss_ns_per_logit: float | None = None
     notes: list = field(default_factory=list)
 
 

@@ -434,9 +434,8 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     if r.loss_per_logit is not None and not plan.compile_loss:  # the eager loss as measured (calibrate.py)
         p.loss = tokens * vocab * r.loss_per_logit
     else:
-        per_logit = (
-            4 * b if plan.compile_loss else 32 + 2 * b
-        )  # fp32 upcast, log-softmax, NLL and their backward
+        # fp32 upcast, log-softmax, NLL and their backward
+        per_logit = 4 * b if plan.compile_loss else 32 + 2 * b
         p.loss = tokens * vocab * per_logit / r.hbm
     p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
     w = autocast_weight_cast_bytes(plan, [plan.head]) / r.hbm  # the output weight's cast (tied: the table's)
