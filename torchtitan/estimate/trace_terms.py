@@ -115,13 +115,12 @@ def _step_window(events: list[dict], path) -> tuple[float, float, object]:
 
 def _nest(
     events: list[dict], points: list[float] = ()
-) -> tuple[list[tuple[list[str], float, bool]], list[list[str]]]:
-    """One thread's events as a nesting: for each event its stack (outermost first, itself last), self time (its
-    duration less its children's, in us) and whether it calls the same op or Python (a tensor subclass's op); for
-    each instant in `points`, the stack of events around it."""
+) -> tuple[list[tuple[list[str], bool]], list[list[str]]]:
+    """One thread's events as a nesting: for each event its stack (outermost first, itself last) and whether it
+    calls the same op or Python (a tensor subclass's op); for each instant in `points`, the stack of events around
+    it."""
     order = sorted(range(len(events)), key=lambda i: (events[i]["ts"], -events[i]["dur"]))
     pts = sorted(range(len(points)), key=lambda i: points[i])
-    selfs = [float(e["dur"]) for e in events]
     again = [False] * len(events)  # the same op (or Python) inside it: a tensor subclass's dispatch (DTensor)
     names: list[list[str]] = [[] for _ in events]
     at: list[list[str]] = [[] for _ in points]
@@ -140,19 +139,22 @@ def _nest(
             j += 1
         pop_until(e["ts"])
         if stack:
-            selfs[stack[-1]] -= e["dur"]
             again[stack[-1]] = again[stack[-1]] or e["name"] in (events[stack[-1]]["name"], "PythonSubclass")
         stack.append(i)
         names[i] = [events[k]["name"] for k in stack]
     for k in pts[j:]:
         pop_until(points[k])
         at[k] = [events[m]["name"] for m in stack]
-    return [(names[i], selfs[i], again[i]) for i in range(len(events))], at
+    return [(names[i], again[i]) for i in range(len(events))], at
 
 
 def _thread_events(events: list[dict], tid) -> list[dict]:
+    """The ops and annotations of one thread, without the step's mark and the communication libraries' records of
+    asynchronous work (`gloo:` / `nccl:`: an isend's record lasts until its peer received it): not the thread's
+    time, and they need not nest."""
     return [e for e in events if e.get("ph") == "X" and e.get("tid") == tid and e.get("cat") in ("cpu_op",
-            "user_annotation") and not str(e["name"]).startswith("ProfilerStep#")]  # fmt: skip
+            "user_annotation") and not str(e["name"]).startswith("ProfilerStep#")
+            and not _ASYNC.search(str(e["name"]))]  # fmt: skip
 
 
 def _own_times(events: list[dict], t0: float, t1: float) -> tuple[list[float], float]:
@@ -183,14 +185,12 @@ def _own_times(events: list[dict], t0: float, t1: float) -> tuple[list[float], f
 
 
 def _cpu_terms(events: list[dict], t0: float, t1: float, tid) -> dict[str, float]:
-    """Seconds of the main thread in the step by term: each event's own time under its stack's term. The `gloo:`
-    and `nccl:` records are asynchronous work (an isend's record lasts until its peer received it), not the
-    thread's time."""
-    evs = [e for e in _thread_events(events, tid) if t0 <= e["ts"] < t1 and not _ASYNC.search(e["name"])]
+    """Seconds of the main thread in the step by term: each event's own time under its stack's term."""
+    evs = [e for e in _thread_events(events, tid) if t0 <= e["ts"] < t1]
     out = dict.fromkeys(TERMS, 0.0)
     nested, _ = _nest(evs)
     own, idle = _own_times(evs, t0, t1)
-    for (stack, _, subclass), us in zip(nested, own):
+    for (stack, subclass), us in zip(nested, own):
         out[classify(stack, subclass=subclass)] += us / 1e6
     out["host"] += idle / 1e6  # inside no event: Python between ops, waits outside ops
     return out
