@@ -415,7 +415,7 @@ class Estimate:
     search_top: int = opt(10, "layouts shown by search")
     calibrate: bool = opt(
         False,
-        "measure matmul, attention, memory-bandwidth and collective micro-benchmarks on the devices present"
+        "measure matmul, attention, memory-bandwidth, eager-loss and collective micro-benchmarks on the devices present"
         " (CPU: gloo between 2 processes) and use them instead of the table and default efficiencies",
     )
     async_tp: bool = opt(
