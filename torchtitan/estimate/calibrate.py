@@ -252,16 +252,15 @@ def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibratio
     from torchtitan.parallel.cpu_bf16 import matmul_dtype
 
     # the kernels such a run uses (fp32 for bf16 on a CPU without bf16 instructions: parallel/cpu_bf16.py)
-    dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
-    dtype = matmul_dtype(device.type, dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
+    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32  # the logits the loss reads
+    dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
     cal = Calibration(device=str(device))
     cal.matmul_peak_tflops = calibrate_tflops(device, dtype, seconds=seconds)
     for shape in gemm_shapes(plan):
         cal.matmul_tflops[shape] = measure_gemm(shape, device, dtype, seconds / 4)
     cal.attention_tflops = measure_attention(plan, device, dtype, seconds)
     cal.hbm_gbps = measure_bandwidth(device, dtype, seconds)
-    cal.loss_ns_per_logit = measure_loss(plan, device, torch.bfloat16 if plan.act_bytes == 2 else torch.float32,
-                                         seconds)  # fmt: skip
+    cal.loss_ns_per_logit = measure_loss(plan, device, act_dtype, seconds)
     cal.collective_gbps = measure_collectives(plan, device, seconds)
     return cal
 

@@ -33,6 +33,7 @@ terms against a trace").
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 from pathlib import Path
@@ -41,7 +42,7 @@ TERMS = ("matmul", "attention", "elementwise", "loss", "communication", "optimiz
 
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#|linalg_vector_norm|_foreach_norm")
 # op and annotation names (torch.profiler's cpu_op / user_annotation events)
-_COMM = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|Redistribute|FSDP::|gloo:|nccl:)"
+_COMM = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|Redistribute|FSDP::)"
                    r"|RegisterPostBackward|wait_tensor")  # fmt: skip
 _ATTENTION = re.compile(r"^aten::_?(scaled_dot_product|flash_attention|efficient_attention|cudnn_attention)")
 _LOSS = re.compile(r"^aten::(_log_softmax|log_softmax|_log_softmax_backward_data|nll_loss|cross_entropy)")
@@ -161,8 +162,6 @@ def _own_times(events: list[dict], t0: float, t1: float) -> tuple[list[float], f
     """Each event's own time in [t0, t1), in us: every instant goes to the innermost event running then (the latest
     to start; of two, the shorter), so that the times add up to the window even where a record does not nest
     (an event that ends after its parent); and the time inside no event."""
-    import heapq
-
     own = [0.0] * len(events)
     starts = sorted(range(len(events)), key=lambda i: events[i]["ts"])
     bounds = sorted(
