@@ -171,13 +171,20 @@ def steps_in(out) -> list[int]:
     return sorted(committed_checkpoints(str(out / "checkpoint")))
 
 
+_SHARED: dict[str, Path] = {}  # shared_run's folders, by name, in this pytest process
+
+
 def shared_run(tmp_path_factory, worker_id: str, name: str, build) -> Path:
     """A run that tests in several files read (never write: copy it), made once per pytest session even when
     those files run on different pytest-xdist workers: the first worker to ask builds it under a file lock in
-    the session's shared temporary folder, the others wait for it and read the same folder."""
+    the session's shared temporary folder, the others wait for it and read the same folder. Within one process
+    (with or without xdist) a second call returns the folder of the first."""
+    if name in _SHARED:
+        return _SHARED[name]
     if worker_id == "master":  # no xdist: the session's own temporary folder
         out = tmp_path_factory.mktemp(name)
         build(out)
+        _SHARED[name] = out
         return out
     from filelock import FileLock
 
@@ -188,6 +195,7 @@ def shared_run(tmp_path_factory, worker_id: str, name: str, build) -> Path:
             out.mkdir()
             build(out)  # asserts; a failure leaves no .built, so the next worker tries (and fails) itself
             (out / ".built").touch()
+    _SHARED[name] = out
     return out
 
 

@@ -72,20 +72,9 @@ ACCUMULATION = {
     ),
 }
 
-_PARITY_ROWS: dict[str, list[dict]] = {}  # parity_runs's answer, read once per pytest process
-_PARITY_DIRS: dict[str, Path] = {}  # their dump folders (shared: read-only, copy one before changing it)
 
-
-def parity_runs(tmp_path_factory, worker_id) -> dict[str, list[dict]]:
-    """The metrics.jsonl rows of every run that this file, tests/test_parity_cp.py and tests/test_parity_pp.py compare
-    with each other, trained once per session (conftest.shared_run) and keyed "<file>-<name>": this file's LAYOUTS
-    and ACCUMULATION ("parity-..."), test_parity_cp.LAYOUTS and RESUME ("cp-..."), test_parity_pp.LAYOUTS ("pp-..."),
-    and the two 1-process references, "parity-single" (this file's and test_parity_cp.py's) and "pp-baseline". The
-    runs of one world size train in one torchrun (layout_rows), so the three files start one process, one 2-rank and
-    one 4-rank torchrun between them instead of four, four and three; each run gets exactly the arguments its test
-    gave it alone (loss_compare.run's defaults first)."""
-    if _PARITY_ROWS:
-        return _PARITY_ROWS
+def _parity_out(tmp_path_factory, worker_id) -> tuple[Path, dict[str, tuple[int, list[str]]]]:
+    """The folder of parity_runs's runs (trained once per session: conftest.shared_run) and the runs themselves."""
     import test_parity_cp
     import test_parity_pp
 
@@ -105,16 +94,25 @@ def parity_runs(tmp_path_factory, worker_id) -> dict[str, list[dict]]:
     def build(out):
         (out / "rows.json").write_text(json.dumps(layout_rows(runs, out, common=[])))
 
-    out = shared_run(tmp_path_factory, worker_id, "parity_runs", build)
-    _PARITY_ROWS.update(json.loads((out / "rows.json").read_text()))
-    _PARITY_DIRS.update({name: out / f"{n}_ranks" / name for name, (n, _) in runs.items()})
-    return _PARITY_ROWS
+    return shared_run(tmp_path_factory, worker_id, "parity_runs", build), runs
+
+
+def parity_runs(tmp_path_factory, worker_id) -> dict[str, list[dict]]:
+    """The metrics.jsonl rows of every run that this file, tests/test_parity_cp.py and tests/test_parity_pp.py compare
+    with each other, trained once per session (conftest.shared_run) and keyed "<file>-<name>": this file's LAYOUTS
+    and ACCUMULATION ("parity-..."), test_parity_cp.LAYOUTS and RESUME ("cp-..."), test_parity_pp.LAYOUTS ("pp-..."),
+    and the two 1-process references, "parity-single" (this file's and test_parity_cp.py's) and "pp-baseline". The
+    runs of one world size train in one torchrun (layout_rows), so the three files start one process, one 2-rank and
+    one 4-rank torchrun between them instead of four, four and three; each run gets exactly the arguments its test
+    gave it alone (loss_compare.run's defaults first)."""
+    out, _ = _parity_out(tmp_path_factory, worker_id)
+    return json.loads((out / "rows.json").read_text())
 
 
 def parity_folder(tmp_path_factory, worker_id, name: str) -> Path:
     """The dump folder of parity_runs's run `name` (shared: copy it before changing it)."""
-    parity_runs(tmp_path_factory, worker_id)
-    return _PARITY_DIRS[name]
+    out, runs = _parity_out(tmp_path_factory, worker_id)
+    return out / f"{runs[name][0]}_ranks" / name
 
 
 def single_rows(tmp_path_factory, worker_id) -> list[dict]:
