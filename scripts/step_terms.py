@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torchtitan.estimate.trace_terms import compare, trace_terms  # noqa: E402
+from torchtitan.estimate.trace_terms import compare, estimated_terms, trace_terms  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.estimate:
         try:
             estimate = json.loads(Path(a.estimate).read_text())
-            estimate["compute_detail_s"], estimate["step_time_breakdown_s"]
-        except (OSError, ValueError, KeyError) as e:
+            estimated_terms(estimate), float(estimate["step_time_s"])  # every key the table reads
+        except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"error: --estimate {a.estimate}: not a training estimate's JSON ({e!r})", file=sys.stderr)
             return 2
     print("\n".join(compare(measured, estimate)))

@@ -179,6 +179,19 @@ def test_not_a_trace_is_one_line_exit_2(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0], r.stderr
 
 
+def test_an_estimate_that_is_not_a_training_estimate_is_one_line_exit_2(tmp_path):
+    trace = _write(tmp_path, [_x("ProfilerStep#1", 0, 10, cat="user_annotation")])
+    partial = '{"compute_detail_s": {}, "step_time_breakdown_s": {}, "step_time_s": 1.0}'
+    for text in ("[]", "{}", '{"compute_detail_s": {}}', partial, "not json"):
+        est = tmp_path / "est.json"
+        est.write_text(text)
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_terms.py"), str(trace), "--estimate",
+                            str(est)], capture_output=True, text=True)  # fmt: skip
+        assert r.returncode == 2, (text, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(est) in lines[0] and "training estimate" in lines[0], r.stderr
+
+
 def test_compare_lines_against_a_stored_cpu_estimate(tmp_path):
     """The table against a real estimate (a calibrated CPU row of the validation file): every estimated term is
     printed, and the estimate's terms add up to its step (straggler included)."""
