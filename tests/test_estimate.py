@@ -954,6 +954,90 @@ def test_measured_eager_loss_prices_the_loss_term():
     assert with_rate["compute_detail_s"]["loss"] == pytest.approx(without["compute_detail_s"]["loss"])
 
 
+def test_planned_block_is_the_ranks_share_and_is_timed_beside_its_kernels():
+    """The calibration's block is the trainer's TransformerBlock with this rank's tensor-parallel share of every
+    linear, over the planned micro-batch; it is timed in turn with its GEMMs and attention alone."""
+    from torchtitan.estimate import calibrate as cal
+    from torchtitan.estimate.steptime import _local
+
+    args = ["--estimate.hardware=cpu", "--estimate.num_devices=2", "--training.seq_len=64",
+            "--training.local_batch_size=2", "--parallelism.tensor_parallel_degree=2"]  # fmt: skip
+    plan = build_plan(parse_args(args), require_rates=False)
+    block, x, grad, _ = cal.planned_block(plan, torch.device("cpu"))
+    linears = {n.rsplit(".", 1)[-1]: (m.in_features, m.out_features)
+               for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)}  # fmt: skip
+    assert linears == {lin.name: _local(lin, 2) for lin in plan.block_linears}
+    assert tuple(x.shape) == tuple(grad.shape) == (2, 64, plan.args.dim)
+    t_block, t_kernels, tokens = cal.measure_block(plan, torch.device("cpu"), 0.01)
+    assert tokens == 128 and t_block > 0 and t_kernels > 0
+    assert plan.block_measurable
+    for flag in ("--compile.enable=true", "--float8.enable=true"):
+        assert not build_plan(parse_args([*args, flag]), require_rates=False).block_measurable
+
+
+def test_measured_block_prices_the_blocks_own_work():
+    """An eager run's block costs its GEMMs and attention plus what the calibration measured beyond them
+    (block_s - block_kernels_s, per token) in place of the bytes model of its elementwise work; compiled and
+    float8 runs keep the bytes model."""
+    args = ["--estimate.hardware=cpu", "--estimate.num_devices=1", "--training.seq_len=64",
+            "--training.local_batch_size=2"]  # fmt: skip
+    base = dict(matmul_peak_tflops=0.05, attention_tflops=0.01, hbm_gbps=10.0)
+
+    def elementwise(extra_args=(), **measured) -> float:
+        plan = build_plan(parse_args([*args, *extra_args]), Calibration(**base, **measured))
+        return estimate_plan(plan)["compute_detail_s"]["elementwise"]
+
+    layers = build_plan(parse_args(args), Calibration(**base)).args.n_layers
+    none = elementwise(block_s=0.3, block_kernels_s=0.3, block_tokens=64)  # nothing beyond the kernels
+    more = elementwise(block_s=0.7, block_kernels_s=0.3, block_tokens=64)
+    assert more - none == pytest.approx(layers * 0.4 / 64 * 128)  # 128 tokens a step
+    assert none < elementwise()  # the blocks' bytes are gone; the embedding's and head's stay
+    # full AC runs the block's forward share again: more than without AC, less than twice
+    full = ["--activation_checkpoint.mode=full"]
+    f_more = elementwise(full, block_s=0.7, block_kernels_s=0.3, block_tokens=64)
+    f_none = elementwise(full, block_s=0.3, block_kernels_s=0.3, block_tokens=64)
+    plan = build_plan(
+        parse_args([*args, *full]), Calibration(**base, block_s=0.7, block_kernels_s=0.3, block_tokens=64)
+    )
+    recompute = estimate_plan(plan)["step_time_breakdown_s"]["recompute"]
+    plan0 = build_plan(
+        parse_args([*args, *full]), Calibration(**base, block_s=0.3, block_kernels_s=0.3, block_tokens=64)
+    )
+    recompute0 = estimate_plan(plan0)["step_time_breakdown_s"]["recompute"]
+    assert f_more - f_none == pytest.approx(more - none)
+    assert 0 < recompute - recompute0 < more - none
+    for flag in ("--compile.enable=true", "--float8.enable=true"):
+        assert elementwise([flag], block_s=0.7, block_kernels_s=0.3, block_tokens=64) == pytest.approx(
+            elementwise([flag])
+        )
+
+
+def test_cpu_collectives_priced_from_their_measured_sizes():
+    """A CPU calibration's collectives measured alone at two sizes: linear in bytes through the two points, the
+    per-byte part scaled by (n - 1) / n for another group size; a kind not measured keeps the bus bandwidth."""
+    from torchtitan.estimate.collectives import measured_time
+
+    pts = [["all_gather", 2, 1e6, 0.001], ["all_gather", 2, 5e6, 0.003],
+           ["reduce_scatter", 2, 1e6, 0.004], ["reduce_scatter", 2, 5e6, 0.006]]  # fmt: skip
+    assert measured_time(pts, "all_gather", 1e6, 2) == pytest.approx(0.001)
+    assert measured_time(pts, "all_gather", 3e6, 2) == pytest.approx(0.002)
+    assert measured_time(pts, "reduce_scatter", 9e6, 2) == pytest.approx(0.008)
+    assert measured_time(pts, "all_gather", 5e6, 4) == pytest.approx(0.0005 + 0.0025 * 1.5)
+    assert measured_time(pts, "all_reduce", 1e6, 2) is None
+    # in a step: tensor parallelism's reduce-scatters cost what was measured for them
+    args = ["--estimate.hardware=cpu", "--estimate.num_devices=2", "--training.seq_len=64",
+            "--training.local_batch_size=2", "--parallelism.tensor_parallel_degree=2"]  # fmt: skip
+    base = dict(matmul_peak_tflops=0.05, attention_tflops=0.01, hbm_gbps=10.0, collective_gbps=1.0)
+
+    def tp(points) -> float:
+        plan = build_plan(parse_args(args), Calibration(**base, collective_s=points))
+        return estimate_plan(plan)["step_time_breakdown_s"]["tp_comm_exposed"]
+
+    slow_rs = [p if p[0] != "reduce_scatter" else [*p[:3], p[3] + 0.01] for p in pts]
+    assert tp(slow_rs) > tp(pts) > 0
+    assert tp([]) != pytest.approx(tp(pts))
+
+
 def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     """--estimate.calibrate measures gloo collectives between 2 processes and the runtime's resident memory."""
     out = tmp_path / "c.json"
@@ -968,6 +1052,9 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     cal = data["calibration"]
     assert cal["collective_gbps"] > 0 and cal["hbm_gbps"] > 0 and cal["attention_tflops"] > 0
     assert cal["loss_ns_per_logit"] > 0
+    assert cal["block_s"] > 0 and cal["block_kernels_s"] > 0 and cal["block_tokens"] == 128
+    assert {k for k, *_ in cal["collective_s"]} == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert all(w == 2 and b > 0 and t > 0 for _, w, b, t in cal["collective_s"])
     assert 0.1 < cal["runtime_rss_gib"] < 4
     assert data["hardware"]["calibrated"] and data["fits"]
     # a CPU plan's error bar comes from this project's calibrated CPU rows (2 processes: data parallel)

@@ -52,7 +52,9 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
         print(f"calibrated: {'; '.join(calibration.notes)}: square-GEMM peak {calibration.matmul_peak_tflops:.3f}"
               f" TFLOPS, attention {calibration.attention_tflops:.3f} TFLOPS, memory {calibration.hbm_gbps:.1f} GB/s,"
               f" eager loss {calibration.loss_ns_per_logit:.2f} ns/logit"
-              + (f", collectives {calibration.collective_gbps:.2f} GB/s" if calibration.collective_gbps else ""),
+              + (f", collectives {calibration.collective_gbps:.2f} GB/s" if calibration.collective_gbps else "")
+              + (f", one block {calibration.block_s * 1e3:.1f} ms ({calibration.block_kernels_s * 1e3:.1f} in its GEMMs"
+                 " and attention alone)" if calibration.block_s else ""),
               file=out)  # fmt: skip
     if est.mode == "inference":
         args = model_args_from_config(cfg.model, cfg.training.seq_len)

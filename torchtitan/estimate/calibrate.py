@@ -8,8 +8,16 @@ Measured, each for a fraction of a second:
   bandwidth     an elementwise add over tensors far larger than the caches: sustained memory bandwidth
   loss          the trainer's eager cross-entropy (fp32 upcast, log-softmax, NLL) forward + backward at the planned
                 vocabulary and tokens: nanoseconds per logit
+  block         an eager run's (no compile, no float8) transformer block as the trainer runs it -- the model's own
+                TransformerBlock with this rank's tensor-parallel share of the heads and FFN, the run's dtypes
+                (FSDP's bf16 parameters, or fp32 ones under autocast), its SDPA and GQA choice and CPU kernels --
+                forward + backward over one planned micro-batch (sequences capped): the seconds its norms, RoPE,
+                SiLU, casts, copies and the host's own time (autograd, Python) take beside its GEMMs and attention
   collectives   all-gather and reduce-scatter between min(num_devices, present) processes (NCCL on GPUs, gloo on
-                CPU), at the size of one block's parameters: bus bandwidth
+                CPU), at the size of one block's parameters: bus bandwidth. On a CPU also each kind the run uses
+                (all-gather, reduce-scatter, all-reduce) alone at two sizes, one pass's activation and one block's
+                parameters: gloo's time per call is far from bytes over one bandwidth (its reduce-scatter of a
+                megabyte takes 4 times its all-gather; a call costs ~0.5-3 ms whatever its size)
   runtime RSS   CPU only: resident memory of a process holding the trainer's runtime without a model: the
                 trainer's build for the config (imports, tokenizer, dataset, process group, metrics) and two
                 steps of a one-block width-64 model (the kernels' code and data pages), less that model's own
@@ -21,6 +29,7 @@ bandwidth and links are shared as they will be in the run. CPU processes get the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -29,6 +38,8 @@ import tempfile
 import time
 
 import torch
+
+from torchtitan.parallel.cpu_bf16 import matmul_dtype
 
 from .plan import Calibration, Plan
 
@@ -44,34 +55,40 @@ def _sync(device: torch.device) -> None:
 def _median_time(fn, device: torch.device, seconds: float, min_reps: int = 3) -> float:
     """Median of repeated calls (after one warm-up) within about `seconds`: the sustained rate, not the best
     moment (with several processes, the best moment is when the others happened to idle)."""
+    return _median_times([fn], device, seconds, min_reps)[0]
+
+
+def _median_times(fns, device: torch.device, seconds: float, min_reps: int = 3) -> list[float]:
+    """`_median_time` of several functions called in turn (fns[0], fns[1], ... repeated), so that a difference
+    between them is measured under the same conditions."""
     import torch.distributed as dist
 
-    fn()
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    # How many calls fit in `seconds`. Every process must make the same number: fn may be a collective, and a
+    def one_round() -> list[float]:
+        out = []
+        for fn in fns:
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            out.append(time.perf_counter() - t0)
+        return out
+
+    one_round()
+    # How many rounds fit in `seconds`. Every process must make the same number: fn may be a collective, and a
     # process that stopped on its own clock would leave the others waiting in one (or tear down under them).
-    reps = torch.tensor([max(min_reps, int(seconds / max(time.perf_counter() - t0, 1e-9)))], device=device)
+    reps = torch.tensor([max(min_reps, int(seconds / max(sum(one_round()), 1e-9)))], device=device)
     if dist.is_initialized():
         dist.all_reduce(reps, op=dist.ReduceOp.MAX)
         dist.barrier()  # every process measures at the same time, sharing cores and memory as in the run
-    times = []
-    for _ in range(int(reps)):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
+    rounds = [one_round() for _ in range(int(reps))]
+    return [sorted(col)[len(col) // 2] for col in zip(*rounds)]
 
 
-def gemm_shapes(plan: Plan) -> list[tuple[int, int, int]]:
-    """Distinct (M, N, K) of the GEMMs of one planned pass: y = x W^T, dx = dy W, dW = dy^T x for every linear."""
+def gemm_shapes(plan: Plan, tokens: int | None = None) -> list[tuple[int, int, int]]:
+    """Distinct (M, N, K) of the GEMMs of one planned pass (of `tokens` tokens, default the pass's): y = x W^T,
+    dx = dy W, dW = dy^T x for every linear."""
     from .steptime import _local
 
-    m = int(plan.tokens_per_pass)
+    m = int(plan.tokens_per_pass if tokens is None else tokens)
     shapes = []
     for lin in (*plan.block_linears, plan.head):
         k, n = _local(lin, plan.tp)
@@ -137,6 +154,114 @@ def measure_loss(plan: Plan, device, dtype, seconds) -> float:
     return _median_time(step, device, seconds) / (rows * vocab) * 1e9
 
 
+def block_sequences(plan: Plan, device_type: str) -> int:
+    """Sequences of the block `measure_block` times: the planned micro-batch, capped at the GEMM rows cap (at
+    least one sequence of the rank's seq_len / cp positions)."""
+    seq = plan.seq_len // plan.cp
+    return max(1, min(plan.microbatch_seqs, _ROWS_CAP.get(device_type, 8192) // seq))
+
+
+def planned_block(plan: Plan, device: torch.device):
+    """(block, input, output gradient, RoPE table) of one transformer block as the trainer runs it eagerly on this
+    rank: the model's TransformerBlock with the rank's tensor-parallel share of the heads and FFN (a plain block:
+    no DTensor, no collective; those are priced apart), parameters in the run's dtype (bf16 under FSDP, fp32 under
+    autocast), the trainer's GQA choice and CPU bf16 kernels, over `block_sequences` sequences of seq_len / cp
+    positions."""
+    from torch import nn
+
+    from torchtitan.models.llama3.model import TransformerBlock, precompute_freqs_cis
+    from torchtitan.parallel.attention import native_gqa_supported
+    from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
+
+    a, s = plan.args, plan.shape
+    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
+    param_dtype = torch.float32 if plan.autocast else act_dtype  # autocast keeps fp32 parameters and stream
+    seq, seqs = plan.seq_len // plan.cp, block_sequences(plan, device.type)
+    torch.manual_seed(0)
+    block = TransformerBlock(0, dataclasses.replace(a, n_layers=1, max_seq_len=seq))
+    attn, ffn = block.attention, block.feed_forward
+    attn.wq, attn.wk, attn.wv = (nn.Linear(a.dim, n, bias=False) for n in (s.h, s.kv, s.kv))
+    attn.wo = nn.Linear(s.h, a.dim, bias=False)
+    ffn.w1, ffn.w3 = nn.Linear(a.dim, s.f, bias=False), nn.Linear(a.dim, s.f, bias=False)
+    ffn.w2 = nn.Linear(s.f, a.dim, bias=False)
+    block.to(device=device, dtype=param_dtype)
+    enabled = plan.cfg.training.cpu_bf16_fp32_kernels
+    if attn.n_rep > 1:
+        attn.native_gqa = native_gqa_supported(
+            device.type, matmul_dtype(device.type, act_dtype, enabled), a.head_dim
+        )
+    use_cpu_bf16_kernels(block, device.type, act_dtype, enabled)
+    freqs = precompute_freqs_cis(dataclasses.replace(a, max_seq_len=seq)).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(seqs, seq, a.dim, device=device, dtype=param_dtype, generator=g, requires_grad=True)
+    grad = torch.randn(seqs, seq, a.dim, device=device, dtype=param_dtype, generator=g)
+    return block, x, grad, freqs
+
+
+def measure_block(plan: Plan, device: torch.device, seconds: float) -> tuple[float, float, int]:
+    """(seconds of the block, seconds of its GEMMs and attention alone, tokens): `planned_block`'s forward +
+    backward, timed in turn with the same GEMMs and attention kernel called alone on ready operands
+    (`block_kernels`). The difference is what the block costs beyond its kernels: its norms, RoPE, SiLU, casts and
+    copies, the host's own time (autograd, Python), the kernels' slowdown in place."""
+    block, x, grad, freqs = planned_block(plan, device)
+    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
+
+    def step():
+        for p in block.parameters():
+            p.grad = None
+        x.grad = None
+        with torch.autocast(device.type, dtype=act_dtype, enabled=plan.autocast):
+            out = block(x, freqs)
+        out.backward(grad)
+
+    gqa = block.attention.n_rep > 1 and block.attention.native_gqa
+    kernels = block_kernels(plan, device, x.shape[0], gqa)
+    t_block, t_kernels = _median_times([step, kernels], device, seconds)
+    return t_block, t_kernels, x.shape[0] * x.shape[1]
+
+
+def block_kernels(plan: Plan, device: torch.device, seqs: int, gqa: bool):
+    """A function running one block's GEMMs (each linear's forward, input gradient and weight gradient) and its
+    attention forward + backward (SDPA, causal, natively grouped or on repeated K/V as `gqa` says) for `seqs`
+    sequences of seq_len / cp positions, on operands made beforehand, in the dtype the run's kernels compute in
+    (the calibration's GEMM table's)."""
+    from .steptime import _local
+
+    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
+    dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
+    g = torch.Generator(device=device).manual_seed(1)
+    seq = plan.seq_len // plan.cp
+    m = seqs * seq
+    gemms = []
+    for lin in plan.block_linears:
+        k, n = _local(lin, plan.tp)
+        for rows, inner, cols in ((m, k, n), (m, n, k), (n, m, k)):  # y = x W^T, dx = dy W, dW = dy^T x
+            a = torch.randn(rows, inner, device=device, dtype=dtype, generator=g)
+            b = torch.randn(inner, cols, device=device, dtype=dtype, generator=g)
+            gemms.append((a, b, torch.empty(rows, cols, device=device, dtype=dtype)))
+    s, hd = plan.shape, plan.args.head_dim
+    heads = s.h // hd
+    kv_heads = (
+        s.kv // hd if gqa else heads
+    )  # repeat_kv's copies are made beforehand: they are the block's work
+
+    def leaf(h: int) -> torch.Tensor:
+        return torch.randn(seqs, h, seq, hd, device=device, dtype=dtype, generator=g, requires_grad=True)
+
+    q, k, v = leaf(heads), leaf(kv_heads), leaf(kv_heads)
+    grad = torch.randn(seqs, heads, seq, hd, device=device, dtype=dtype, generator=g)
+
+    def run():
+        for a, b, out in gemms:
+            torch.mm(a, b, out=out)
+        q.grad = k.grad = v.grad = None
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).backward(
+            grad
+        )
+
+    return run
+
+
 def measure_bandwidth(device, dtype, seconds) -> float:
     """GB/s of c = a + b over tensors much larger than the caches (3 tensors moved)."""
     n = (256 if device.type == "cuda" else 32) * 2**20
@@ -166,6 +291,34 @@ def measure_collectives(plan: Plan, device, seconds) -> float | None:
     t = _median_time(both, device, seconds)
     moved = 2 * numel * 2 * (world - 1) / world
     return moved / t / 1e9
+
+
+def measure_collective_sizes(plan: Plan, device, seconds) -> list[list]:
+    """[kind, processes, bytes, seconds] of all-gather, reduce-scatter and all-reduce alone, each at one pass's
+    activation ([tokens, dim] in the run's dtype: tensor parallelism's message) and at one block's parameters
+    (FSDP's; both capped at 32 MB, the smaller at most 1/4 of the larger): what collectives.ring_time reads on a
+    CPU, linear in bytes between and beyond the two sizes. Empty in a single process."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return []
+    world = dist.get_world_size()
+    cap = 32 * 2**20
+    large = int(min(plan.block_params() * plan.act_bytes, cap))
+    small = int(min(plan.tokens_per_pass * plan.args.dim * plan.act_bytes, large / 4))
+    out = []
+    for nbytes in (small, large):
+        numel = max(world, nbytes // 2 // world * world)  # bf16 elements, a multiple of the world
+        full = torch.ones(numel, device=device, dtype=torch.bfloat16)
+        shard = torch.empty(numel // world, device=device, dtype=torch.bfloat16)
+        calls = {
+            "all_gather": lambda f=full, s=shard: dist.all_gather_into_tensor(f, s),
+            "reduce_scatter": lambda f=full, s=shard: dist.reduce_scatter_tensor(s, f),
+            "all_reduce": lambda f=full: dist.all_reduce(f),
+        }
+        for kind, fn in calls.items():
+            out.append([kind, world, numel * 2, _median_time(fn, device, seconds / 3)])
+    return out
 
 
 # The trainer's own build and two steps, on a model shrunk to nothing (one block of width 64, one 16-token sequence,
@@ -249,19 +402,25 @@ def runtime_rss_gib(argv: list[str], threads: int | None = None) -> float | None
 
 def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibration:
     from torchtitan.metrics.hardware import calibrate_tflops
-    from torchtitan.parallel.cpu_bf16 import matmul_dtype
 
     # the kernels such a run uses (fp32 for bf16 on a CPU without bf16 instructions: parallel/cpu_bf16.py)
     act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32  # the logits the loss reads
     dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
     cal = Calibration(device=str(device))
     cal.matmul_peak_tflops = calibrate_tflops(device, dtype, seconds=seconds)
-    for shape in gemm_shapes(plan):
+    shapes = gemm_shapes(plan)
+    if plan.block_measurable:  # the GEMMs of the timed block, which steptime.py subtracts from it
+        shapes += gemm_shapes(plan, block_sequences(plan, device.type) * (plan.seq_len // plan.cp))
+    for shape in sorted(set(shapes)):
         cal.matmul_tflops[shape] = measure_gemm(shape, device, dtype, seconds / 4)
     cal.attention_tflops = measure_attention(plan, device, dtype, seconds)
     cal.hbm_gbps = measure_bandwidth(device, dtype, seconds)
     cal.loss_ns_per_logit = measure_loss(plan, device, act_dtype, seconds)
     cal.collective_gbps = measure_collectives(plan, device, seconds)
+    if device.type == "cpu":
+        cal.collective_s = measure_collective_sizes(plan, device, seconds)
+    if plan.block_measurable:
+        cal.block_s, cal.block_kernels_s, cal.block_tokens = measure_block(plan, device, seconds)
     return cal
 
 

@@ -58,7 +58,9 @@ is chosen: the GEMM time and count come from the unit's own pricing. Devices: th
 (STATIC_PERSISTENT_GEMM_DEVICES); A100 (Ampere's cuBLAS kernels launch one CTA per tile) and B200 (Cluster Launch
 Control) keep the channel share. Adopted in session 19 after the figures of the twelfth out-of-sample pass, which
 came after the rule was written, tested it (docs/estimate_log.md, "The persistent-GEMM reading, adopted").
-On CPU (gloo, calibrated rates) there is no latency term: the calibration measured the whole collective.
+On CPU (gloo, calibrated rates) there is no latency model: the calibration measured the whole collective, each kind
+alone at two sizes where it could (`measured_time`: linear in bytes through the two, the bandwidth part scaled by
+(n - 1) / n for another group size), else all-gather + reduce-scatter at one size as a bus bandwidth.
 Not modelled: NCCL's tree all-reduce (chosen for small messages over many nodes: log2(nodes) network steps instead
 of nodes - 1; the ring is an upper bound there) and NVLink SHARP / IB SHARP all-reduce.
 """
@@ -188,11 +190,29 @@ def ring_latency(plan: Plan, n: int, stride: int, steps_per_rank: int = 1) -> fl
     return RING_BASE_LAT_S + steps_per_rank * ((n - 1 - inter_steps) * hop + inter_steps * HOP_LAT_S["net"])
 
 
+def measured_time(points: list, kind: str, nbytes: float, n: int) -> float | None:
+    """Seconds of one `kind` collective of `nbytes` over n ranks from a CPU calibration's measurements of it
+    ([kind, processes, bytes, seconds] at two sizes): the line through the two (a fixed cost per call plus a cost
+    per byte, neither below zero), the per-byte part scaled by (n - 1) / n against the measured group's. None
+    without two measurements of that kind."""
+    got = sorted((b, s, w) for k, w, b, s in points if k == kind)
+    if len(got) < 2 or got[0][0] == got[-1][0]:
+        return None
+    (b0, t0, w), (b1, t1, _) = got[0], got[-1]
+    per_byte = max(0.0, (t1 - t0) / (b1 - b0))
+    fixed = max(0.0, t0 - per_byte * b0)
+    return fixed + per_byte * nbytes * ((n - 1) / n) / ((w - 1) / w)
+
+
 def ring_time(plan: Plan, intra: float, inter: float, nbytes: float, n: int, stride: int, kind: str) -> float:
     """Seconds of an all-gather / reduce-scatter (`nbytes`: the full gathered or reduced buffer of one rank) or
     all-reduce (`nbytes`: the buffer) over n ranks `stride` global ranks apart."""
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if plan.hw.is_cpu and plan.calibration is not None:
+        t = measured_time(plan.calibration.collective_s, kind, nbytes, n)
+        if t is not None:
+            return t
     factor = 2 if kind == "all_reduce" else 1
     bw = busbw(plan, intra, inter, n, stride)
     return ring_latency(plan, n, stride, factor) + factor * nbytes * (n - 1) / n / bw

@@ -62,9 +62,16 @@ class Calibration:
     attention_tflops: float | None = None  # SDPA forward+backward on the FLOPs it does
     hbm_gbps: float | None = None  # elementwise copy bandwidth actually sustained
     collective_gbps: float | None = None  # all-gather / reduce-scatter bus bandwidth between the processes
+    # CPU: [kind, processes, bytes, seconds] of each collective alone at two sizes (collectives.ring_time)
+    collective_s: list = field(default_factory=list)
     runtime_rss_gib: float | None = None  # CPU: resident memory of the trainer's runtime, before any model
     # the trainer's eager cross-entropy (fp32 upcast), forward + backward, per logit
     loss_ns_per_logit: float | None = None
+    # an eager block's forward + backward as the trainer runs it, its GEMMs and attention alone, its tokens
+    # (calibrate.measure_block)
+    block_s: float | None = None
+    block_kernels_s: float | None = None
+    block_tokens: int | None = None
     notes: list = field(default_factory=list)
 
 
@@ -231,6 +238,12 @@ class Plan:
     def compile_loss(self) -> bool:
         c = self.cfg.compile
         return c.enable and "loss" in c.components
+
+    @property
+    def block_measurable(self) -> bool:
+        """Whether a calibration times the planned block in place (calibrate.measure_block): eager runs without
+        float8. A compiled block's fused elementwise work and float8's casts are priced by their own rules."""
+        return not self.compile_model and not self.float8
 
     @property
     def float8(self) -> bool:

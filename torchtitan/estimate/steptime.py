@@ -352,30 +352,45 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     p.fwd += t_af
     if recomputes_attention(mode, s.op_saves_attention):
         p.recompute += t_af
+    # the block's own elementwise work (norms, RoPE, SiLU, residual adds; autocast's casts): by its bytes, or as the
+    # calibration measured it in place, in the bytes' proportions of forward, backward and recompute
     ew_f, ew_b = elementwise_bytes(plan)
+    a_f, a_b, a_r = autocast_eager_bytes(plan)
+    w = autocast_weight_cast_bytes(plan, plan.block_linears)
+    t_ef, t_eb = ((ew_f + a_f) * tokens + w) / r.hbm, ((ew_b + a_b) * tokens + w) / r.hbm
+    t_er = ((ew_f + a_r) * tokens + w) / r.hbm if recomputes_elementwise(mode) else 0.0
+    in_place = block_in_place(plan)
+    if in_place is not None:
+        scale = in_place * tokens / (t_ef + t_eb)
+        t_ef, t_eb, t_er = t_ef * scale, t_eb * scale, t_er * scale
     if plan.cp > 1:
         # ring attention: every step's partial output is merged into an fp32 running output and logsumexp
         # (~24 bytes per query element); backward accumulates dq, dk, dv in fp32 per step (8 bytes each)
-        ew_f += plan.cp * CP_MERGE_FWD_BYTES * s.h
-        ew_b += plan.cp * CP_MERGE_BWD_BYTES * (s.h + 2 * s.kv)
-    t_ef, t_eb = ew_f * tokens / r.hbm, ew_b * tokens / r.hbm
+        m_f = plan.cp * CP_MERGE_FWD_BYTES * s.h * tokens / r.hbm
+        t_ef += m_f
+        t_eb += plan.cp * CP_MERGE_BWD_BYTES * (s.h + 2 * s.kv) * tokens / r.hbm
+        t_er += m_f if recomputes_elementwise(mode) else 0.0
     p.elementwise = t_ef + t_eb
     p.fwd += t_ef
-    if recomputes_elementwise(mode):
-        p.recompute += t_ef
-    a_f, a_b, a_r = autocast_eager_bytes(plan)
-    w = autocast_weight_cast_bytes(plan, plan.block_linears)
-    t_xf, t_xb = (a_f * tokens + w) / r.hbm, (a_b * tokens + w) / r.hbm
-    p.elementwise += t_xf + t_xb
-    p.fwd += t_xf
-    if recomputes_elementwise(mode):
-        p.recompute += (a_r * tokens + w) / r.hbm
+    p.recompute += t_er
     c_f, c_b, c_r = sp_layout_copy_bytes(plan, mode)
     t_cf, t_cb, t_cr = (c * tokens / r.hbm for c in (c_f, c_b, c_r))
     p.elementwise += t_cf + t_cb
     p.fwd += t_cf
     p.recompute += t_cr
     return p
+
+
+def block_in_place(plan: Plan) -> float | None:
+    """Seconds per token of one block's work beside its GEMMs and attention, measured in place: the calibration's
+    eager block (calibrate.measure_block: the trainer's block on this rank's shapes, forward + backward) less the
+    same GEMMs and attention called alone, timed in turn with it -- the norms, RoPE, SiLU, casts and copies as they
+    run, the host's own time (autograd, Python) and the kernels' slowdown in place. None without that measurement
+    or where it does not apply (compiled or float8 runs)."""
+    cal = plan.calibration
+    if cal is None or not cal.block_s or not cal.block_tokens or not plan.block_measurable:
+        return None
+    return max(0.0, cal.block_s - (cal.block_kernels_s or 0.0)) / cal.block_tokens
 
 
 def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
