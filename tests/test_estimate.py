@@ -975,13 +975,14 @@ def test_planned_block_is_the_ranks_share_and_is_timed_beside_its_kernels():
         assert not build_plan(parse_args([*args, flag]), require_rates=False).block_measurable
 
 
-def test_measured_block_prices_the_blocks_own_work():
+def test_measured_block_and_head_price_their_own_work():
     """An eager run's block costs its GEMMs and attention plus what the calibration measured beyond them
-    (block_s - block_kernels_s, per token) in place of the bytes model of its elementwise work; compiled and
-    float8 runs keep the bytes model."""
+    (block_s - block_kernels_s, per token) in place of the bytes model of its elementwise work; its head, its GEMMs
+    plus head_s - head_kernels_s per token in place of the loss and norm models; compiled and float8 runs keep
+    the bytes models, and tensor-parallel heads too."""
     args = ["--estimate.hardware=cpu", "--estimate.num_devices=1", "--training.seq_len=64",
             "--training.local_batch_size=2"]  # fmt: skip
-    base = dict(matmul_peak_tflops=0.05, attention_tflops=0.01, hbm_gbps=10.0)
+    base = dict(matmul_peak_tflops=0.05, attention_tflops=0.01, hbm_gbps=10.0, collective_gbps=1.0)
 
     def elementwise(extra_args=(), **measured) -> float:
         plan = build_plan(parse_args([*args, *extra_args]), Calibration(**base, **measured))
@@ -1010,6 +1011,16 @@ def test_measured_block_prices_the_blocks_own_work():
         assert elementwise([flag], block_s=0.7, block_kernels_s=0.3, block_tokens=64) == pytest.approx(
             elementwise([flag])
         )
+
+    def loss(extra_args=(), **measured) -> float:
+        plan = build_plan(parse_args([*args, *extra_args]), Calibration(**base, **measured))
+        return estimate_plan(plan)["compute_detail_s"]["loss"]
+
+    head = dict(head_s=0.05, head_kernels_s=0.02, block_tokens=64)
+    assert loss(**head) == pytest.approx(0.03 / 64 * 128)
+    tp2 = ["--estimate.num_devices=2", "--parallelism.tensor_parallel_degree=2"]
+    for flags in (["--compile.enable=true"], ["--float8.enable=true"], tp2):
+        assert loss(flags, **head) == pytest.approx(loss(flags))
 
 
 def test_cpu_collectives_priced_from_their_measured_sizes():
@@ -1053,6 +1064,7 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     assert cal["collective_gbps"] > 0 and cal["hbm_gbps"] > 0 and cal["attention_tflops"] > 0
     assert cal["loss_ns_per_logit"] > 0
     assert cal["block_s"] > 0 and cal["block_kernels_s"] > 0 and cal["block_tokens"] == 128
+    assert cal["head_s"] > 0 and cal["head_kernels_s"] > 0
     assert {k for k, *_ in cal["collective_s"]} == {"all_gather", "reduce_scatter", "all_reduce"}
     assert all(w == 2 and b > 0 and t > 0 for _, w, b, t in cal["collective_s"])
     assert 0.1 < cal["runtime_rss_gib"] < 4

@@ -8,6 +8,7 @@ Measured, each for a fraction of a second:
   bandwidth     an elementwise add over tensors far larger than the caches: sustained memory bandwidth
   loss          the trainer's eager cross-entropy (fp32 upcast, log-softmax, NLL) forward + backward at the planned
                 vocabulary and tokens: nanoseconds per logit
+  head          the same for the final norm, output projection and the trainer's loss (no tensor parallelism)
   block         an eager run's (no compile, no float8) transformer block as the trainer runs it -- the model's own
                 TransformerBlock with this rank's tensor-parallel share of the heads and FFN, the run's dtypes
                 (FSDP's bf16 parameters, or fp32 ones under autocast), its SDPA and GQA choice and CPU kernels --
@@ -220,6 +221,60 @@ def measure_block(plan: Plan, device: torch.device, seconds: float) -> tuple[flo
     return t_block, t_kernels, x.shape[0] * x.shape[1]
 
 
+def measure_head(plan: Plan, device: torch.device, seconds: float) -> tuple[float, float]:
+    """(seconds of the head, seconds of its GEMMs alone): the final RMSNorm, the output projection (the tied
+    embedding's table alike) and the trainer's loss (torchtitan.loss.cross_entropy_loss: fp32 upcast, log-softmax,
+    NLL), forward + backward, in the run's dtypes and CPU kernels, over `block_sequences` sequences -- timed in turn
+    with the projection's three GEMMs alone. The difference is the norm, the loss and the host's time as they run
+    in the step (the loss alone, on logits made beforehand, measured a third of that on this CPU:
+    docs/estimate_log.md, "The head in place")."""
+    from torch import nn
+
+    from torchtitan.loss import cross_entropy_loss
+    from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
+
+    a = plan.args
+    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
+    param_dtype = torch.float32 if plan.autocast else act_dtype
+    seq, seqs = plan.seq_len // plan.cp, block_sequences(plan, device.type)
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.RMSNorm(a.dim, eps=a.norm_eps), nn.Linear(a.dim, a.vocab_size, bias=False))
+    head.to(device=device, dtype=param_dtype)
+    use_cpu_bf16_kernels(head, device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(seqs, seq, a.dim, device=device, dtype=param_dtype, generator=g, requires_grad=True)
+    labels = torch.randint(0, a.vocab_size, (seqs, seq), device=device, generator=g)
+
+    def step():
+        for p in head.parameters():
+            p.grad = None
+        x.grad = None
+        with torch.autocast(device.type, dtype=act_dtype, enabled=plan.autocast):
+            logits = head(x)
+        cross_entropy_loss(logits, labels, seqs * seq).backward()
+
+    dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
+    gemms = _gemm_operands([(seqs * seq, a.dim, a.vocab_size)], device, dtype, g)
+
+    def kernels():
+        for lhs, rhs, out in gemms:
+            torch.mm(lhs, rhs, out=out)
+
+    t_head, t_kernels = _median_times([step, kernels], device, seconds)
+    return t_head, t_kernels
+
+
+def _gemm_operands(linears, device, dtype, g) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(A, B, out) of the three GEMMs of each (rows, in, out features) linear: y = x W^T, dx = dy W, dW = dy^T x."""
+    out = []
+    for m, k, n in linears:
+        for rows, inner, cols in ((m, k, n), (m, n, k), (n, m, k)):
+            a = torch.randn(rows, inner, device=device, dtype=dtype, generator=g)
+            b = torch.randn(inner, cols, device=device, dtype=dtype, generator=g)
+            out.append((a, b, torch.empty(rows, cols, device=device, dtype=dtype)))
+    return out
+
+
 def block_kernels(plan: Plan, device: torch.device, seqs: int, gqa: bool):
     """A function running one block's GEMMs (each linear's forward, input gradient and weight gradient) and its
     attention forward + backward (SDPA, causal, natively grouped or on repeated K/V as `gqa` says) for `seqs`
@@ -231,19 +286,13 @@ def block_kernels(plan: Plan, device: torch.device, seqs: int, gqa: bool):
     dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
     g = torch.Generator(device=device).manual_seed(1)
     seq = plan.seq_len // plan.cp
-    m = seqs * seq
-    gemms = []
-    for lin in plan.block_linears:
-        k, n = _local(lin, plan.tp)
-        for rows, inner, cols in ((m, k, n), (m, n, k), (n, m, k)):  # y = x W^T, dx = dy W, dW = dy^T x
-            a = torch.randn(rows, inner, device=device, dtype=dtype, generator=g)
-            b = torch.randn(inner, cols, device=device, dtype=dtype, generator=g)
-            gemms.append((a, b, torch.empty(rows, cols, device=device, dtype=dtype)))
+    gemms = _gemm_operands(
+        [(seqs * seq, *_local(lin, plan.tp)) for lin in plan.block_linears], device, dtype, g
+    )
     s, hd = plan.shape, plan.args.head_dim
     heads = s.h // hd
-    kv_heads = (
-        s.kv // hd if gqa else heads
-    )  # repeat_kv's copies are made beforehand: they are the block's work
+    # without native GQA, repeat_kv's copies of K and V are made beforehand: they are the block's own work
+    kv_heads = s.kv // hd if gqa else heads
 
     def leaf(h: int) -> torch.Tensor:
         return torch.randn(seqs, h, seq, hd, device=device, dtype=dtype, generator=g, requires_grad=True)
@@ -421,6 +470,8 @@ def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibratio
         cal.collective_s = measure_collective_sizes(plan, device, seconds)
     if plan.block_measurable:
         cal.block_s, cal.block_kernels_s, cal.block_tokens = measure_block(plan, device, seconds)
+    if plan.head_measurable:
+        cal.head_s, cal.head_kernels_s = measure_head(plan, device, seconds)
     return cal
 
 

@@ -72,6 +72,9 @@ class Calibration:
     block_s: float | None = None
     block_kernels_s: float | None = None
     block_tokens: int | None = None
+    # the same for the final norm, output projection and loss (calibrate.measure_head), over block_tokens tokens
+    head_s: float | None = None
+    head_kernels_s: float | None = None
     notes: list = field(default_factory=list)
 
 
@@ -244,6 +247,12 @@ class Plan:
         """Whether a calibration times the planned block in place (calibrate.measure_block): eager runs without
         float8. A compiled block's fused elementwise work and float8's casts are priced by their own rules."""
         return not self.compile_model and not self.float8
+
+    @property
+    def head_measurable(self) -> bool:
+        """Whether a calibration times the planned head in place (calibrate.measure_head): an eager block and
+        loss without tensor parallelism (whose head gathers or shards the logits: priced apart)."""
+        return self.block_measurable and not self.compile_loss and self.tp == 1
 
     @property
     def float8(self) -> bool:

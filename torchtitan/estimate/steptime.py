@@ -393,6 +393,16 @@ def block_in_place(plan: Plan) -> float | None:
     return max(0.0, cal.block_s - (cal.block_kernels_s or 0.0)) / cal.block_tokens
 
 
+def head_in_place(plan: Plan) -> float | None:
+    """Seconds per token of the head's work beside its GEMMs, measured in place: the calibration's final norm,
+    output projection and loss (calibrate.measure_head) less the projection's GEMMs called alone, timed in turn
+    with it. None without that measurement or where it does not apply (compiled, float8 or tensor-parallel runs)."""
+    cal = plan.calibration
+    if cal is None or not cal.head_s or not cal.block_tokens or not plan.head_measurable:
+        return None
+    return max(0.0, cal.head_s - (cal.head_kernels_s or 0.0)) / cal.block_tokens
+
+
 def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
     """(forward, backward, recompute) bytes per token of the layout copies around a block's sequence-parallel
     collectives (measured in Inductor's code for a compiled sequence-parallel block by scripts/sp_layout_copies.py;
@@ -445,6 +455,11 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     f, bw = _linear_time(r, plan.head, tokens, plan.tp, b)
     p.matmul = f + bw
     p.gemms = 3
+    in_place = head_in_place(plan)
+    if in_place is not None:  # the final norm, loss and host time as the calibration measured them in place
+        p.loss = in_place * tokens
+        p.fwd = f + p.loss / 2
+        return p
     vocab = plan.loss_vocab  # without loss parallel every TP rank takes the loss of the whole vocabulary
     if r.loss_per_logit is not None and not plan.compile_loss:  # the eager loss as measured (calibrate.py)
         p.loss = tokens * vocab * r.loss_per_logit
