@@ -973,6 +973,9 @@ def test_planned_block_is_the_ranks_share_and_is_timed_beside_its_kernels():
     assert plan.block_measurable
     for flag in ("--compile.enable=true", "--float8.enable=true"):
         assert not build_plan(parse_args([*args, flag]), require_rates=False).block_measurable
+    # the same block under the trainer's TP plan, over a fake process group: DTensor's host time beside it
+    assert math.isfinite(cal.tp_dispatch_s(plan, 0.01, 1))
+    assert cal.tp_dispatch_s(build_plan(parse_args(args[:2]), require_rates=False), 0.01, 1) is None  # no TP
 
 
 def test_measured_block_and_head_price_their_own_work():
@@ -1016,9 +1019,16 @@ def test_measured_block_and_head_price_their_own_work():
         plan = build_plan(parse_args([*args, *extra_args]), Calibration(**base, **measured))
         return estimate_plan(plan)["compute_detail_s"]["loss"]
 
+    # tensor parallel: DTensor's measured host time per block adds to the block's own work
+    tp2 = ["--estimate.num_devices=2", "--parallelism.tensor_parallel_degree=2"]
+    block = dict(block_s=0.7, block_kernels_s=0.3, block_tokens=64)
+    assert elementwise(tp2, **block, tp_dispatch_s=0.1) - elementwise(tp2, **block) == pytest.approx(
+        layers * 0.1 / 64 * 128
+    )
+    assert elementwise(**block, tp_dispatch_s=0.1) == pytest.approx(more)  # without TP: not used
+
     head = dict(head_s=0.05, head_kernels_s=0.02, block_tokens=64)
     assert loss(**head) == pytest.approx(0.03 / 64 * 128)
-    tp2 = ["--estimate.num_devices=2", "--parallelism.tensor_parallel_degree=2"]
     for flags in (["--compile.enable=true"], ["--float8.enable=true"], tp2):
         assert loss(flags, **head) == pytest.approx(loss(flags))
 

@@ -9,6 +9,9 @@ Measured, each for a fraction of a second:
   loss          the trainer's eager cross-entropy (fp32 upcast, log-softmax, NLL) forward + backward at the planned
                 vocabulary and tokens: nanoseconds per logit
   head          the same for the final norm, output projection and the trainer's loss (no tensor parallelism)
+  TP dispatch   CPU, tensor parallel: the same block parallelized by the trainer's own plan (parallel/tensor.py)
+                over torch's fake process group (collectives return at once) against the plain block, in turn:
+                what DTensor's dispatch, sharding propagation and redistributes cost the host per block
   block         an eager run's (no compile, no float8) transformer block as the trainer runs it -- the model's own
                 TransformerBlock with this rank's tensor-parallel share of the heads and FFN, the run's dtypes
                 (FSDP's bf16 parameters, or fp32 ones under autocast), its SDPA and GQA choice and CPU kernels --
@@ -84,12 +87,11 @@ def _median_times(fns, device: torch.device, seconds: float, min_reps: int = 3) 
     return [sorted(col)[len(col) // 2] for col in zip(*rounds)]
 
 
-def gemm_shapes(plan: Plan, tokens: int | None = None) -> list[tuple[int, int, int]]:
-    """Distinct (M, N, K) of the GEMMs of one planned pass (of `tokens` tokens, default the pass's): y = x W^T,
-    dx = dy W, dW = dy^T x for every linear."""
+def gemm_shapes(plan: Plan) -> list[tuple[int, int, int]]:
+    """Distinct (M, N, K) of the GEMMs of one planned pass: y = x W^T, dx = dy W, dW = dy^T x for every linear."""
     from .steptime import _local
 
-    m = int(plan.tokens_per_pass if tokens is None else tokens)
+    m = int(plan.tokens_per_pass)
     shapes = []
     for lin in (*plan.block_linears, plan.head):
         k, n = _local(lin, plan.tp)
@@ -219,6 +221,80 @@ def measure_block(plan: Plan, device: torch.device, seconds: float) -> tuple[flo
     kernels = block_kernels(plan, device, x.shape[0], gqa)
     t_block, t_kernels = _median_times([step, kernels], device, seconds)
     return t_block, t_kernels, x.shape[0] * x.shape[1]
+
+
+def measure_tp_dispatch(plan: Plan, mesh, seconds: float) -> float:
+    """Seconds one tensor-parallel block's forward + backward takes beyond `planned_block` (the same rank's share on
+    plain tensors): the trainer's TP plan (parallel/tensor.py: DTensor parameters, the input and output layouts,
+    sequence-parallel norms) applied to a one-block model over `mesh` -- a mesh of torch's fake process group,
+    whose collectives return at once (their time is priced from the measured collectives) -- timed in turn with
+    the plain block. What remains is the host's cost of DTensor: dispatch and sharding propagation per op, the
+    redistributes' bookkeeping and layout copies."""
+    from torchtitan.models.llama3.model import Transformer
+    from torchtitan.parallel.attention import apply_gqa_choice
+    from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
+    from torchtitan.parallel.tensor import apply_tp
+
+    device = torch.device("cpu")
+    torch.set_flush_denormal(True)  # the fake collectives' outputs are whatever memory held: keep them fast
+    plain, x, grad, freqs = planned_block(plan, device)
+    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
+    seq = plan.seq_len // plan.cp
+    with torch.device("meta"):
+        model = Transformer(dataclasses.replace(plan.args, n_layers=1, max_seq_len=seq))
+    enabled = plan.cfg.training.cpu_bf16_fp32_kernels
+    use_cpu_bf16_kernels(model, "cpu", act_dtype, enabled)
+    apply_gqa_choice(model, "cpu", matmul_dtype("cpu", act_dtype, enabled))
+    apply_tp(model, mesh, plan.sequence_parallel, plan.loss_parallel, float8_styles=False)
+    model.to_empty(device=device)
+    model.to(dtype=x.dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            getattr(p, "_local_tensor", p).normal_(0.0, 0.02)
+    block = model.layers["0"]
+    stream = seq // plan.tp if plan.sequence_parallel else seq  # the residual stream's positions on this rank
+    xt = torch.randn(x.shape[0], stream, x.shape[2], dtype=x.dtype, requires_grad=True)
+    gt = torch.randn(x.shape[0], stream, x.shape[2], dtype=x.dtype)
+
+    def step(module, inp, out_grad):
+        def run():
+            for p in module.parameters():
+                p.grad = None
+            inp.grad = None
+            with torch.autocast("cpu", dtype=act_dtype, enabled=plan.autocast):
+                out = module(inp, freqs)
+            out.backward(out_grad)
+
+        return run
+
+    t_tp, t_plain = _median_times([step(block, xt, gt), step(plain, x, grad)], device, seconds)
+    return t_tp - t_plain
+
+
+def _tp_dispatch_worker(rank: int, plan: Plan, seconds: float, threads: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.tp)
+    try:
+        torch.save(measure_tp_dispatch(plan, init_device_mesh("cpu", (plan.tp,)), seconds), out)
+    finally:
+        dist.destroy_process_group()
+
+
+def tp_dispatch_s(plan: Plan, seconds: float, threads: int) -> float | None:
+    """`measure_tp_dispatch` in a process of its own (a fake process group of the TP degree, with the run's
+    threads); None where it does not apply (no tensor parallelism, or a compiled or float8 run)."""
+    if plan.tp == 1 or not plan.block_measurable:
+        return None
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "tp.pt")
+        mp.spawn(_tp_dispatch_worker, args=(plan, seconds, threads, out), nprocs=1)
+        return float(torch.load(out))
 
 
 def measure_head(plan: Plan, device: torch.device, seconds: float) -> tuple[float, float]:
@@ -457,10 +533,7 @@ def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibratio
     dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
     cal = Calibration(device=str(device))
     cal.matmul_peak_tflops = calibrate_tflops(device, dtype, seconds=seconds)
-    shapes = gemm_shapes(plan)
-    if plan.block_measurable:  # the GEMMs of the timed block, which steptime.py subtracts from it
-        shapes += gemm_shapes(plan, block_sequences(plan, device.type) * (plan.seq_len // plan.cp))
-    for shape in sorted(set(shapes)):
+    for shape in gemm_shapes(plan):
         cal.matmul_tflops[shape] = measure_gemm(shape, device, dtype, seconds / 4)
     cal.attention_tflops = measure_attention(plan, device, dtype, seconds)
     cal.hbm_gbps = measure_bandwidth(device, dtype, seconds)
@@ -529,6 +602,7 @@ def calibrate(plan: Plan, seconds: float = 0.3, config_argv: list[str] | None = 
             )
             cal = Calibration(**torch.load(out, weights_only=False))
     if device_type == "cpu":
+        cal.tp_dispatch_s = tp_dispatch_s(plan, seconds, threads)
         cal.runtime_rss_gib = runtime_rss_gib(config_argv or [], threads)
         if cal.runtime_rss_gib is None:
             notes.append(

@@ -75,6 +75,8 @@ class Calibration:
     # the same for the final norm, output projection and loss (calibrate.measure_head), over block_tokens tokens
     head_s: float | None = None
     head_kernels_s: float | None = None
+    # CPU, tensor parallel: a TP block's forward + backward beyond the plain block's (calibrate.measure_tp_dispatch)
+    tp_dispatch_s: float | None = None
     notes: list = field(default_factory=list)
 
 

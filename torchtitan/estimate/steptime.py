@@ -385,12 +385,14 @@ def block_in_place(plan: Plan) -> float | None:
     """Seconds per token of one block's work beside its GEMMs and attention, measured in place: the calibration's
     eager block (calibrate.measure_block: the trainer's block on this rank's shapes, forward + backward) less the
     same GEMMs and attention called alone, timed in turn with it -- the norms, RoPE, SiLU, casts and copies as they
-    run, the host's own time (autograd, Python) and the kernels' slowdown in place. None without that measurement
-    or where it does not apply (compiled or float8 runs)."""
+    run, the host's own time (autograd, Python) and the kernels' slowdown in place; under tensor parallelism on a
+    CPU plus the host time DTensor adds to the block (calibrate.measure_tp_dispatch). None without that
+    measurement or where it does not apply (compiled or float8 runs)."""
     cal = plan.calibration
     if cal is None or not cal.block_s or not cal.block_tokens or not plan.block_measurable:
         return None
-    return max(0.0, cal.block_s - (cal.block_kernels_s or 0.0)) / cal.block_tokens
+    dtensor = (cal.tp_dispatch_s or 0.0) if plan.tp > 1 else 0.0  # DTensor's host time (tensor parallel, CPU)
+    return max(0.0, cal.block_s - (cal.block_kernels_s or 0.0) + dtensor) / cal.block_tokens
 
 
 def head_in_place(plan: Plan) -> float | None:
