@@ -8,15 +8,16 @@ Measured, each for a fraction of a second:
   bandwidth     an elementwise add over tensors far larger than the caches: sustained memory bandwidth
   loss          the trainer's eager cross-entropy (fp32 upcast, log-softmax, NLL) forward + backward at the planned
                 vocabulary and tokens: nanoseconds per logit
+  block         an eager run's (no compile, no float8) transformer block as the trainer runs it -- the model's own
+                TransformerBlock with this rank's tensor-parallel share of the heads and FFN, the run's dtypes
+                (FSDP's bf16 parameters, or fp32 ones under autocast), its SDPA and GQA choice and CPU kernels --
+                forward + backward over one planned micro-batch (sequences capped), timed in turn with its GEMMs
+                and attention alone: what its norms, RoPE, SiLU, casts, copies and the host's own time (autograd,
+                Python) add to its kernels
   head          the same for the final norm, output projection and the trainer's loss (no tensor parallelism)
   TP dispatch   CPU, tensor parallel: the same block parallelized by the trainer's own plan (parallel/tensor.py)
                 over torch's fake process group (collectives return at once) against the plain block, in turn:
                 what DTensor's dispatch, sharding propagation and redistributes cost the host per block
-  block         an eager run's (no compile, no float8) transformer block as the trainer runs it -- the model's own
-                TransformerBlock with this rank's tensor-parallel share of the heads and FFN, the run's dtypes
-                (FSDP's bf16 parameters, or fp32 ones under autocast), its SDPA and GQA choice and CPU kernels --
-                forward + backward over one planned micro-batch (sequences capped): the seconds its norms, RoPE,
-                SiLU, casts, copies and the host's own time (autograd, Python) take beside its GEMMs and attention
   collectives   all-gather and reduce-scatter between min(num_devices, present) processes (NCCL on GPUs, gloo on
                 CPU), at the size of one block's parameters: bus bandwidth. On a CPU also each kind the run uses
                 (all-gather, reduce-scatter, all-reduce) alone at two sizes, one pass's activation and one block's
@@ -157,6 +158,30 @@ def measure_loss(plan: Plan, device, dtype, seconds) -> float:
     return _median_time(step, device, seconds) / (rows * vocab) * 1e9
 
 
+def _act_dtype(plan: Plan) -> torch.dtype:
+    """The run's activation (compute) dtype."""
+    return torch.bfloat16 if plan.act_bytes == 2 else torch.float32
+
+
+def _param_dtype(plan: Plan) -> torch.dtype:
+    """The dtype the run's block computes on: FSDP's bf16 parameters, or fp32 ones (and stream) under autocast."""
+    return torch.float32 if plan.autocast else _act_dtype(plan)
+
+
+def _fwd_bwd(plan: Plan, module, inp: torch.Tensor, out_grad: torch.Tensor, *args):
+    """A function running `module`'s forward (under the run's autocast, if any) and backward from `out_grad`."""
+
+    def run():
+        for p in module.parameters():
+            p.grad = None
+        inp.grad = None
+        with torch.autocast(inp.device.type, dtype=_act_dtype(plan), enabled=plan.autocast):
+            out = module(inp, *args)
+        out.backward(out_grad)
+
+    return run
+
+
 def block_sequences(plan: Plan, device_type: str) -> int:
     """Sequences of the block `measure_block` times: the planned micro-batch, capped at the GEMM rows cap (at
     least one sequence of the rank's seq_len / cp positions)."""
@@ -177,8 +202,7 @@ def planned_block(plan: Plan, device: torch.device):
     from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
 
     a, s = plan.args, plan.shape
-    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
-    param_dtype = torch.float32 if plan.autocast else act_dtype  # autocast keeps fp32 parameters and stream
+    act_dtype, param_dtype = _act_dtype(plan), _param_dtype(plan)
     seq, seqs = plan.seq_len // plan.cp, block_sequences(plan, device.type)
     torch.manual_seed(0)
     block = TransformerBlock(0, dataclasses.replace(a, n_layers=1, max_seq_len=seq))
@@ -207,19 +231,9 @@ def measure_block(plan: Plan, device: torch.device, seconds: float) -> tuple[flo
     (`block_kernels`). The difference is what the block costs beyond its kernels: its norms, RoPE, SiLU, casts and
     copies, the host's own time (autograd, Python), the kernels' slowdown in place."""
     block, x, grad, freqs = planned_block(plan, device)
-    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
-
-    def step():
-        for p in block.parameters():
-            p.grad = None
-        x.grad = None
-        with torch.autocast(device.type, dtype=act_dtype, enabled=plan.autocast):
-            out = block(x, freqs)
-        out.backward(grad)
-
     gqa = block.attention.n_rep > 1 and block.attention.native_gqa
     kernels = block_kernels(plan, device, x.shape[0], gqa)
-    t_block, t_kernels = _median_times([step, kernels], device, seconds)
+    t_block, t_kernels = _median_times([_fwd_bwd(plan, block, x, grad, freqs), kernels], device, seconds)
     return t_block, t_kernels, x.shape[0] * x.shape[1]
 
 
@@ -238,7 +252,7 @@ def measure_tp_dispatch(plan: Plan, mesh, seconds: float) -> float:
     device = torch.device("cpu")
     torch.set_flush_denormal(True)  # the fake collectives' outputs are whatever memory held: keep them fast
     plain, x, grad, freqs = planned_block(plan, device)
-    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
+    act_dtype = _act_dtype(plan)
     seq = plan.seq_len // plan.cp
     with torch.device("meta"):
         model = Transformer(dataclasses.replace(plan.args, n_layers=1, max_seq_len=seq))
@@ -255,19 +269,8 @@ def measure_tp_dispatch(plan: Plan, mesh, seconds: float) -> float:
     stream = seq // plan.tp if plan.sequence_parallel else seq  # the residual stream's positions on this rank
     xt = torch.randn(x.shape[0], stream, x.shape[2], dtype=x.dtype, requires_grad=True)
     gt = torch.randn(x.shape[0], stream, x.shape[2], dtype=x.dtype)
-
-    def step(module, inp, out_grad):
-        def run():
-            for p in module.parameters():
-                p.grad = None
-            inp.grad = None
-            with torch.autocast("cpu", dtype=act_dtype, enabled=plan.autocast):
-                out = module(inp, freqs)
-            out.backward(out_grad)
-
-        return run
-
-    t_tp, t_plain = _median_times([step(block, xt, gt), step(plain, x, grad)], device, seconds)
+    steps = [_fwd_bwd(plan, block, xt, gt, freqs), _fwd_bwd(plan, plain, x, grad, freqs)]
+    t_tp, t_plain = _median_times(steps, device, seconds)
     return t_tp - t_plain
 
 
@@ -302,16 +305,15 @@ def measure_head(plan: Plan, device: torch.device, seconds: float) -> tuple[floa
     embedding's table alike) and the trainer's loss (torchtitan.loss.cross_entropy_loss: fp32 upcast, log-softmax,
     NLL), forward + backward, in the run's dtypes and CPU kernels, over `block_sequences` sequences -- timed in turn
     with the projection's three GEMMs alone. The difference is the norm, the loss and the host's time as they run
-    in the step (the loss alone, on logits made beforehand, measured a third of that on this CPU:
-    docs/estimate_log.md, "The head in place")."""
+    in the step (the loss alone, on logits made beforehand, measured a third of that on this CPU: docs/estimate_log.md,
+    "The block and the head in place")."""
     from torch import nn
 
     from torchtitan.loss import cross_entropy_loss
     from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
 
     a = plan.args
-    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
-    param_dtype = torch.float32 if plan.autocast else act_dtype
+    act_dtype, param_dtype = _act_dtype(plan), _param_dtype(plan)
     seq, seqs = plan.seq_len // plan.cp, block_sequences(plan, device.type)
     torch.manual_seed(0)
     head = nn.Sequential(nn.RMSNorm(a.dim, eps=a.norm_eps), nn.Linear(a.dim, a.vocab_size, bias=False))
@@ -327,7 +329,9 @@ def measure_head(plan: Plan, device: torch.device, seconds: float) -> tuple[floa
         x.grad = None
         with torch.autocast(device.type, dtype=act_dtype, enabled=plan.autocast):
             logits = head(x)
-        cross_entropy_loss(logits, labels, seqs * seq).backward()
+        cross_entropy_loss(
+            logits, labels, seqs * seq
+        ).backward()  # the loss upcasts outside autocast, as in the step
 
     dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
     gemms = _gemm_operands([(seqs * seq, a.dim, a.vocab_size)], device, dtype, g)
@@ -358,8 +362,7 @@ def block_kernels(plan: Plan, device: torch.device, seqs: int, gqa: bool):
     (the calibration's GEMM table's)."""
     from .steptime import _local
 
-    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32
-    dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
+    dtype = matmul_dtype(device.type, _act_dtype(plan), plan.cfg.training.cpu_bf16_fp32_kernels)
     g = torch.Generator(device=device).manual_seed(1)
     seq = plan.seq_len // plan.cp
     gemms = _gemm_operands(
@@ -529,7 +532,7 @@ def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibratio
     from torchtitan.metrics.hardware import calibrate_tflops
 
     # the kernels such a run uses (fp32 for bf16 on a CPU without bf16 instructions: parallel/cpu_bf16.py)
-    act_dtype = torch.bfloat16 if plan.act_bytes == 2 else torch.float32  # the logits the loss reads
+    act_dtype = _act_dtype(plan)  # the logits the loss reads
     dtype = matmul_dtype(device.type, act_dtype, plan.cfg.training.cpu_bf16_fp32_kernels)
     cal = Calibration(device=str(device))
     cal.matmul_peak_tflops = calibrate_tflops(device, dtype, seconds=seconds)
