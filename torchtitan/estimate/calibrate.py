@@ -252,7 +252,7 @@ def _run_probe(
     env["HF_DATASETS_OFFLINE"] = os.environ.get("HF_DATASETS_OFFLINE", "1")
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    if mmapped:
+    if mmapped:  # a malloc setting: the trainer then leaves malloc alone (runtime_env), large weights too
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     env["PROBE_STEPS"] = str(_PROBE_STEPS[form])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
