@@ -1082,11 +1082,14 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     # a CPU plan's error bar comes from this project's calibrated CPU rows (2 processes: data parallel)
     assert data["validation"]["step time s"]["scope"] == "CPU, data parallel"
     assert set(data["validation"]) == {"step time s", "max RSS GiB"}
-    # the measured runtime + what glibc's heap keeps of the run's tensors (efficiency.cpu_heap_retention)
+    # the probe ran in the planned world (2 processes, FSDP 2): the runtime, its steps' tensors and what glibc's
+    # heap kept at their peak, all measured; the overhead adds the ratio for the tensors beyond the probe's
+    assert 0 < cal["probe_tensors_gib"] < 4 and 0 <= cal["heap_retention_gib"] < 4
     parts = dict(data["memory_breakdown_gib"])
     overhead = parts.pop("allocator_and_comm_overhead")
+    beyond = max(0.0, sum(parts.values()) - cal["probe_tensors_gib"])
     assert overhead == pytest.approx(
-        cal["runtime_rss_gib"] + DEFAULT.cpu_heap_retention * sum(parts.values())
+        cal["runtime_rss_gib"] + cal["heap_retention_gib"] + DEFAULT.cpu_heap_retention * beyond
     )
 
 
@@ -1203,6 +1206,28 @@ def test_cpu_resident_memory_counts_measured_runtime_and_heap_retention():
         0.5 * 2**30 + DEFAULT.cpu_heap_retention * tensors
     )
     assert 0 < DEFAULT.cpu_heap_retention < 1
+
+
+def test_cpu_heap_retention_measured_in_the_planned_world():
+    """A calibration whose probe ran in the planned world (calibrate.planned_heap_probe) prices glibc's heap
+    retention as measured there -- what the heap kept at the probe's peak -- plus the ratio for the tensors the plan
+    holds beyond the probe's; without that measurement, the ratio of all the tensors."""
+    from torchtitan.estimate.memory import rank_memory
+    from torchtitan.estimate.plan import build_plan
+
+    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--estimate.hardware=cpu"])
+    cal = Calibration(device="cpu", matmul_peak_tflops=0.05, hbm_gbps=10.0, runtime_rss_gib=0.5)
+    ratio_only = rank_memory(build_plan(cfg, cal, require_rates=False), 0)
+    tensors = sum(v for k, v in ratio_only.items() if k != "allocator_and_comm_overhead")
+    cal.heap_retention_gib, cal.probe_tensors_gib = 0.07, 0.1
+    parts = rank_memory(build_plan(cfg, cal, require_rates=False), 0)
+    assert parts["allocator_and_comm_overhead"] == pytest.approx(
+        0.5 * 2**30 + 0.07 * 2**30 + DEFAULT.cpu_heap_retention * (tensors - 0.1 * 2**30)
+    )
+    assert parts["allocator_and_comm_overhead"] > ratio_only["allocator_and_comm_overhead"]
+    cal.probe_tensors_gib = 10.0  # a probe larger than the plan: its retention, no negative ratio term
+    parts = rank_memory(build_plan(cfg, cal, require_rates=False), 0)
+    assert parts["allocator_and_comm_overhead"] == pytest.approx(0.57 * 2**30)
 
 
 def test_dtensor_host_time_script_prints_its_table():

@@ -160,7 +160,9 @@ def test_environment_defaults(tmp_path, monkeypatch):
     ):
         monkeypatch.delenv(name, raising=False)
     cfg = parse_args([f"--job.dump_folder={tmp_path}"])
-    for name in ("GLIBC_TUNABLES", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD"):
+    for name in (
+        "GLIBC_TUNABLES", "MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD"
+    ):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     # gloo and no determinism: no variable; on glibc, malloc is told to keep freed memory
     kept = {"glibc.malloc.mmap_max": "0", "glibc.malloc.trim_threshold": str(2**31 - 1)}
@@ -173,6 +175,10 @@ def test_environment_defaults(tmp_path, monkeypatch):
     )
     assert set_env_defaults(sim, "cpu", one_b) == {}
     assert set_env_defaults(cfg, "cpu", one_b) == (kept if platform.libc_ver()[0] == "glibc" else {})
+    # every tensor its own mapping (the estimator's CPU probe, or a user): left alone, mmaps stay allowed
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert set_env_defaults(cfg, "cpu", one_b) == {}
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # the user tuned malloc: left alone
     assert set_env_defaults(cfg, "cpu", one_b) == {}
     cfg = parse_args([f"--job.dump_folder={tmp_path}", "--training.deterministic=true"])

@@ -44,7 +44,13 @@ _TORCH_READS_FR_NAMES = TorchVersion(torch.__version__) >= "2.11"
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 _TRIM_THRESHOLD = 2**31 - 1
 MMAP_THRESHOLD_MAX = 32 * 2**20
-_MALLOC_USER_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
+_MALLOC_USER_SETTINGS = (
+    "GLIBC_TUNABLES",
+    "MALLOC_MMAP_MAX_",
+    "MALLOC_MMAP_THRESHOLD_",  # also how the estimator's CPU probe maps every tensor (estimate/calibrate.py)
+    "MALLOC_TRIM_THRESHOLD_",
+    "LD_PRELOAD",
+)
 
 
 def _keep_freed_cpu_memory() -> dict[str, str]:

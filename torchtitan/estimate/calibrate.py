@@ -23,10 +23,12 @@ Measured, each for a fraction of a second:
                 (all-gather, reduce-scatter, all-reduce) alone at two sizes, one pass's activation and one block's
                 parameters: gloo's time per call is far from bytes over one bandwidth (its reduce-scatter of a
                 megabyte takes 4 times its all-gather; a call costs ~0.5-3 ms whatever its size)
-  runtime RSS   CPU only: resident memory of a process holding the trainer's runtime without a model: the
-                trainer's build for the config (imports, tokenizer, dataset, process group, metrics) and two
-                steps of a one-block width-64 model (the kernels' code and data pages), less that model's own
-                weights, gradients and AdamW moments -- the baseline under everything a run allocates
+  runtime RSS   CPU only: resident memory of the trainer's runtime without a model -- the trainer's build for the
+                config (imports, tokenizer, dataset, process group, metrics) and a few steps, less the model's own
+                weights, gradients and AdamW moments -- measured in the planned world and layout on the planned
+                model cut to one block per pipeline stage, with every tensor its own mapping; the same probe with
+                glibc's defaults gives what the heap keeps at a step's peak (heap retention). Where the planned
+                world does not fit this machine: the runtime alone, one process, a one-block width-64 model
 With several processes every micro-benchmark runs in all of them at once (rank 0 reports), so cores, memory
 bandwidth and links are shared as they will be in the run. CPU processes get the threads the launcher gives them
 (torchrun: 1 thread each when there are several).
@@ -449,10 +451,17 @@ def measure_collective_sizes(plan: Plan, device, seconds) -> list[list]:
     return out
 
 
-# The trainer's own build and two steps, on a model shrunk to nothing (one block of width 64, one 16-token sequence,
-# one process): what stays resident is the runtime -- imports, tokenizer, dataset, process group, logger, metrics,
-# and the code and data pages of the kernels a step runs (oneDNN, SDPA, the optimizer), which a process that only
-# imports never touches (docs/estimate_log.md, "CPU resident memory").
+# The trainer's own build and a few steps, in a fresh process (or, under torchrun, the planned world): what stays
+# resident is the runtime -- imports, tokenizer, dataset, process group, logger, metrics, and the code and data
+# pages of the kernels a step runs (oneDNN, SDPA, the optimizer), which a process that only imports never touches
+# (docs/estimate_log.md, "CPU resident memory"). Two forms (PROBE_FORM):
+#   tiny     a one-block width-64 model, one 16-token sequence, one process: the runtime alone
+#   planned  the planned model, world and layout with one block per pipeline stage: the runtime in the planned
+#            world (process group, FSDP/DTensor state) and, run once with glibc's defaults and once with every
+#            tensor its own mapping (MALLOC_MMAP_THRESHOLD_), what glibc's heap keeps at the peak of a step
+#            ("CPU resident memory of multi-process runs", docs/estimate_log.md)
+# Rank 0 prints: the resident memory after the steps less the model's own weights, gradients and AdamW moments
+# (the runtime), and the peak of the steps (VmHWM, reset after the build).
 _LAUNCHER_VARS = (
     "RANK",
     "LOCAL_RANK",
@@ -463,30 +472,40 @@ _LAUNCHER_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT",
+    "MALLOC_MMAP_THRESHOLD_",
 )
+_TINY = [
+    "--model.dim=64", "--model.n_layers=1", "--model.n_heads=4", "--model.n_kv_heads=1",
+    "--model.ffn_hidden_dim=256", "--training.local_batch_size=1", "--training.seq_len=16",
+    "--training.global_batch_size=-1", "--parallelism.data_parallel_replicate_degree=1",
+    "--parallelism.data_parallel_shard_degree=-1", "--parallelism.tensor_parallel_degree=1",
+    "--parallelism.pipeline_parallel_degree=1", "--parallelism.context_parallel_degree=1",
+]  # fmt: skip
+_PROBE_STEPS = {"tiny": 2, "planned": 12}
 _RUNTIME_PROBE = """
 import os, sys
-shrink = ["--model.dim=64", "--model.n_layers=1", "--model.n_heads=4", "--model.n_kv_heads=1",
-          "--model.ffn_hidden_dim=256", "--training.local_batch_size=1", "--training.seq_len=16",
-          "--training.global_batch_size=-1", "--parallelism.data_parallel_replicate_degree=1",
-          "--parallelism.data_parallel_shard_degree=-1", "--parallelism.tensor_parallel_degree=1",
-          "--parallelism.pipeline_parallel_degree=1", "--parallelism.context_parallel_degree=1",
-          "--checkpoint.enable=false", "--comm.mode=default",
-          "--job.dump_folder=" + os.environ["PROBE_DIR"]]
+common = ["--checkpoint.enable=false", "--comm.mode=default", "--job.dump_folder=" + os.environ["PROBE_DIR"]]
 from torchtitan.build import build_metrics, build_run, initialize_weights
 from torchtitan.config import parse_args
 from torchtitan.loss import forward_backward
-from torchtitan.optim import init_optimizer_state
-cfg = parse_args(sys.argv[1:] + shrink)
+from torchtitan.optim import clip_grad_norm_, init_optimizer_state
+from torchtitan.parallel import reduce_partial_grads
+cfg = parse_args(sys.argv[1:] + common)
 run = build_run(cfg)
 initialize_weights(run.model_parts, cfg.training.seed)
 init_optimizer_state(run.optimizer)
 metrics = build_metrics(run, 0)  # the MFU peak's calibration matmul where no table entry exists, the loggers
 data = iter(run.dataloader)
-for _ in range(2):
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := the current resident set: the peak below is the steps'
+for _ in range(int(os.environ["PROBE_STEPS"])):
     run.optimizer.zero_grad(set_to_none=True)
-    inputs, labels = next(data)
-    forward_backward(run.model_parts, inputs, labels, run.global_tokens, run.loss_context, run.pp, run.loss_fn)
+    for _ in range(run.accum_steps):
+        inputs, labels = next(data)
+        forward_backward(run.model_parts, inputs, labels, run.global_tokens, run.loss_context, run.pp, run.loss_fn)
+    reduce_partial_grads(run.model_parts)
+    clip_grad_norm_([p for part in run.model_parts for p in part.parameters()], cfg.training.max_norm,
+                    pp_mesh=run.dims.mesh("pp") if run.dims.pp_enabled else None)
     run.optimizer.step()
 # the probe model's own weights, gradients and AdamW moments are not runtime (with a large vocabulary they are not
 # small: the embedding and head keep the tokenizer's vocabulary)
@@ -496,8 +515,59 @@ def nbytes(t):
 params = [p for part in run.model_parts for p in part.parameters()]
 own = sum(nbytes(p) + (nbytes(p.grad) if p.grad is not None else 0) for p in params)
 own += sum(nbytes(v) for st in run.optimizer.state.values() for v in st.values() if hasattr(v, "numel"))
-print(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") - own)
+rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+if int(os.environ.get("RANK", "0")) == 0:
+    print(rss - own, max(hwm, rss))
 """
+
+
+def _run_probe(
+    argv: list[str], threads: int | None, world: int = 1, form: str = "tiny", mmapped: bool = False
+) -> tuple[float, float] | None:
+    """Run the probe (`form`: "tiny" or "planned", its `argv` already shaped) in `world` processes; rank 0's
+    (runtime GiB, peak GiB of the steps), or None when it fails. `mmapped`: every tensor of 128 KiB or more its
+    own mapping (glibc's MALLOC_MMAP_THRESHOLD_), returned to the system when freed."""
+    # a world of its own, whatever launcher started the caller
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env["HF_DATASETS_OFFLINE"] = os.environ.get("HF_DATASETS_OFFLINE", "1")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if mmapped:  # a malloc setting: the trainer then leaves malloc alone (runtime_env), large weights too
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    env["PROBE_STEPS"] = str(_PROBE_STEPS[form])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        env["PROBE_DIR"] = tmp
+        script = os.path.join(tmp, "probe.py")
+        with open(script, "w") as f:
+            f.write(_RUNTIME_PROBE)
+        # the ranks started here as torchrun would start them (its launcher process would import torch once more)
+        if world > 1:
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world))
+            env["LOCAL_WORLD_SIZE"] = str(world)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, script, *argv],
+                stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,  # rank 0 reports
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env={**env, "RANK": str(r), "LOCAL_RANK": str(r)} if world > 1 else env,
+            )
+            for r in range(world)
+        ]
+        try:
+            out = procs[0].communicate(timeout=600)[0]
+            codes = [p.wait(timeout=60) for p in procs]
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+                p.wait()
+            return None
+    if any(codes):
+        return None
+    runtime, peak = (int(x) for x in out.strip().splitlines()[-1].split())
+    return runtime / 2**30, peak / 2**30
 
 
 def runtime_rss_gib(argv: list[str], threads: int | None = None) -> float | None:
@@ -505,27 +575,26 @@ def runtime_rss_gib(argv: list[str], threads: int | None = None) -> float | None
     for the config (imports, tokenizer, dataset, process group, metrics) and two steps of a one-block width-64
     model, which page in the kernels a step runs, less that model's own tensors -- the CPU baseline under a run's
     own tensors. `threads`: the run's threads per process (per-thread kernel buffers), default the caller's."""
-    # a world of its own (one process), whatever launcher started the caller
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
-    env["HF_DATASETS_OFFLINE"] = os.environ.get("HF_DATASETS_OFFLINE", "1")
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    with tempfile.TemporaryDirectory() as tmp:
-        env["PROBE_DIR"] = tmp
-        try:
-            r = subprocess.run(
-                [sys.executable, "-c", _RUNTIME_PROBE, *argv],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=300,
-            )
-        except subprocess.TimeoutExpired:
-            return None
-    if r.returncode != 0:
+    r = _run_probe([*argv, *_TINY], threads)
+    return None if r is None else r[0]
+
+
+def planned_heap_probe(argv: list[str], threads: int | None, world: int, blocks: int) -> dict | None:
+    """The probe on the planned model, world and layout with `blocks` transformer blocks (one per pipeline stage),
+    twice: with every tensor its own mapping (the runtime in the planned world, and the steps' tensor peak above
+    it) and with glibc's defaults (the same peak plus what the heap keeps: freed blocks that later requests do not
+    fit, which stay resident). GiB; None when either run fails."""
+    shaped = [*argv, f"--model.n_layers={blocks}"]
+    mapped = _run_probe(shaped, threads, world, "planned", mmapped=True)
+    heap = _run_probe(shaped, threads, world, "planned") if mapped else None
+    if heap is None:
         return None
-    return int(r.stdout.strip().splitlines()[-1]) / 2**30
+    runtime, peak = mapped
+    return {
+        "runtime_rss_gib": runtime,
+        "probe_tensors_gib": peak - runtime,
+        "heap_retention_gib": max(0.0, heap[1] - peak),
+    }
 
 
 def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibration:
@@ -576,6 +645,20 @@ def _worker(
         dist.destroy_process_group()
 
 
+def _probe_fits(plan: Plan) -> bool:
+    """Whether the planned probe (one block per stage, the planned batch and vocabulary) surely fits: the whole
+    plan's tensors, an upper bound on the probe's, within a quarter of this machine's memory."""
+    from torchtitan.metrics.memory import device_memory_gib
+
+    from .memory import rank_memory
+
+    tensors = max(
+        sum(v for k, v in rank_memory(plan, r).items() if k != "allocator_and_comm_overhead")
+        for r in range(plan.pp if plan.pp_plan is not None else 1)
+    )
+    return tensors / 2**30 <= device_memory_gib("cpu") / 4
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -606,7 +689,15 @@ def calibrate(plan: Plan, seconds: float = 0.3, config_argv: list[str] | None = 
             cal = Calibration(**torch.load(out, weights_only=False))
     if device_type == "cpu":
         cal.tp_dispatch_s = tp_dispatch_s(plan, seconds, threads)
-        cal.runtime_rss_gib = runtime_rss_gib(config_argv or [], threads)
+        probe = None
+        if world == plan.dims.world_size and _probe_fits(plan):
+            blocks = plan.pp_plan.num_stages if plan.pp_plan is not None else 1
+            probe = planned_heap_probe(config_argv or [], threads, world, blocks)
+        if probe is not None:
+            for k, v in probe.items():
+                setattr(cal, k, v)
+        else:  # more processes than cores, or too large a plan: the runtime alone, in one process
+            cal.runtime_rss_gib = runtime_rss_gib(config_argv or [], threads)
         if cal.runtime_rss_gib is None:
             notes.append(
                 "runtime memory probe failed (tokenizer or dataset not readable): RSS baseline not counted"

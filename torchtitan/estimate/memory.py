@@ -342,12 +342,20 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     allocated = sum(parts.values())
     if plan.hw.is_cpu:
         # the measured runtime (imports, data, process group, kernels paged in) and what glibc's heap keeps of the
-        # tensors a step frees; without a measured runtime (preflight, simulated ranks) the tensors alone
-        runtime = plan.calibration.runtime_rss_gib if plan.calibration else None
-        if runtime is not None:
-            parts["allocator_and_comm_overhead"] = runtime * GIB + allocated * eff.cpu_heap_retention
-        else:
+        # tensors a step frees (measured in the planned world where the calibration could, else the ratio alone);
+        # without a measured runtime (preflight, simulated ranks) the tensors alone
+        cal = plan.calibration
+        runtime = cal.runtime_rss_gib if cal else None
+        if runtime is None:
             parts["allocator_and_comm_overhead"] = 0.0
+        elif cal.heap_retention_gib is not None and cal.probe_tensors_gib is not None:
+            # measured in the planned world and layout on one block per stage: what the heap kept at that probe's
+            # peak, and the measured ratio for the tensors this plan holds beyond the probe's
+            beyond = max(0.0, allocated - cal.probe_tensors_gib * GIB)
+            retained = cal.heap_retention_gib * GIB + beyond * eff.cpu_heap_retention
+            parts["allocator_and_comm_overhead"] = runtime * GIB + retained
+        else:
+            parts["allocator_and_comm_overhead"] = runtime * GIB + allocated * eff.cpu_heap_retention
     else:
         parts["allocator_and_comm_overhead"] = allocated * eff.fragmentation + eff.allocator_fixed_gib * GIB
     return parts

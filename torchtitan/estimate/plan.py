@@ -65,6 +65,10 @@ class Calibration:
     # CPU: [kind, processes, bytes, seconds] of each collective alone at two sizes (collectives.ring_time)
     collective_s: list = field(default_factory=list)
     runtime_rss_gib: float | None = None  # CPU: resident memory of the trainer's runtime, before any model
+    # CPU, measured by the probe in the planned world (calibrate.planned_heap_probe): its steps' tensor peak above
+    # the runtime, and what glibc's heap kept resident at that peak beyond it
+    probe_tensors_gib: float | None = None
+    heap_retention_gib: float | None = None
     # the trainer's eager cross-entropy (fp32 upcast), forward + backward, per logit
     loss_ns_per_logit: float | None = None
     # an eager block's forward + backward as the trainer runs it, its GEMMs and attention alone, its tokens
