@@ -314,6 +314,36 @@ _CPU_PP_INTERLEAVED = _CPU_HELDOUT + (
     " stage's profiled step (619 ms) waits 159 ms in no op (the peers' activations and gradients: the bubble and the"
     " transfers, estimated 35 ms) and its elementwise, matmul and loss terms are 26, 32 and 14 ms over the estimate"
 )
+_CPU_HELDOUT2 = (
+    "this machine's held-out configurations of session 22 (2026-11-25; 2 processes, gloo, 1 thread each; measured"
+    " after the calibration's block, head, TP-dispatch and collectives-by-size measurements and the planned-world RSS"
+    " probe were committed, and written before their estimate): 7 of 13 figures within goal, 3 within 5 %"
+    " (docs/estimate_log.md, 'The block and the head in place: the held-out results')"
+)
+_CPU_HELDOUT2_PP = _CPU_HELDOUT2 + (
+    ": the debug model with 8 layers on PP 2 with GPipe, 0.499 s against 0.748 estimated, +49.8 %. Its calibration"
+    " timed the block at 22.9 ms (14.6 ms for its GEMMs and attention alone) where six later measurements of the"
+    " same block on the quiet machine gave 13.0-15.8 ms (10.0-10.3 alone), and a calibration taken again 5 minutes"
+    " later 12.4 ms (10.2): with it the estimate is 0.504 s (+1 %). One 0.3 s window of the block's timing is not"
+    " robust to a burst on the host; the row keeps the calibration measured with it: not fixed"
+)
+_CPU_HELDOUT2_TP = _CPU_HELDOUT2 + (
+    ": tensor parallelism on a CPU is still far low with DTensor's host time measured (2.1-3.5 ms a block over the"
+    " fake process group) and gloo's collectives priced by kind and size: the waits at TP's collectives (session 21's"
+    " profiles: 216 ms in redistributes and collectives against 78 estimated on debugmodel_large at TP 2) are not"
+    " the collectives' own time on an idle peer: not explained"
+)
+_CPU_HELDOUT2_DDP = _CPU_HELDOUT2 + (
+    ": debugmodel_large replicated over the 2 ranks (batch 2 x 256), 0.637 s against 0.448 estimated, -29.6 %; the"
+    " estimate exposes 0.092 s of its gradients' all-reduce (fp32, every parameter) and overlaps the rest with the"
+    " backward, but on 2 cores with 2 ranks gloo's copies and sums compete with the compute for the same cores"
+    " (not measured): not explained"
+)
+_CPU_HELDOUT2_MEM = _CPU_HELDOUT2 + (
+    ": debugmodel_large's peak RSS, -12.6 % on FSDP 2 + full AC at 4 x 256 and -11.1 % replicated at 2 x 256,"
+    " where the debug model's 2-process rows are within 0.6-8.8 %; the heap retention is measured on one block per"
+    " stage and the tensors beyond it take the 0.19 ratio: not explained"
+)
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
     ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
@@ -374,6 +404,14 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("cpu_debug_2proc_tp2_1125", "step time s"): _CPU_TP2,
     ("cpu_large_2proc_tp2_b4_1125", "step time s"): _CPU_LARGE_TP2,
     ("cpu_debug8l_2proc_pp2_interleaved_1125", "step time s"): _CPU_PP_INTERLEAVED,
+    ("cpu_debug8l_2proc_pp2_gpipe_s22", "step time s"): _CPU_HELDOUT2_PP,
+    ("cpu_debug_2proc_tp2_b4_s512_s22", "step time s"): _CPU_HELDOUT2_TP
+    + ": the debug model on TP 2 at 4 x 512, 0.678 s against 0.538 estimated, -20.7 %",
+    ("cpu_large_2proc_tp2_sac_b2_s22", "step time s"): _CPU_HELDOUT2_TP
+    + ": debugmodel_large on TP 2 with per-op SAC at 2 x 256, 0.602 s against 0.353 estimated, -41.3 %",
+    ("cpu_large_2proc_ddp_b2_s22", "step time s"): _CPU_HELDOUT2_DDP,
+    ("cpu_large_2proc_ddp_b2_s22", "max RSS GiB"): _CPU_HELDOUT2_MEM,
+    ("cpu_large_2proc_fsdp_full_ac_b4_s22", "max RSS GiB"): _CPU_HELDOUT2_MEM,
     ("h100_olmocore_llama8b_fsdp8_compile_float8", "tokens/s/device"): _OLMOCORE,
     ("h100_smol_playbook_1b_ddp8_nanotron", "tokens/s/device"): _SMOL_1B,
     ("a100_40gb_tinyllama_fsdp8_b4_none_eager_litgpt_thunder", "tokens/s/device"): _LITGPT_THUNDER_EAGER,
@@ -408,15 +446,16 @@ def test_outside_list_names_real_rows():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the cross-validated median absolute error is 5.65 % over 329 figures (goal <= 5 %; in-sample 5.37 %):"
+    reason="the cross-validated median absolute error is 5.77 % over 342 figures (goal <= 5 %; in-sample 5.54 %):"
     " since the decode step's per-layer overhead is fitted and cross-validated (validation.FITTED), gpt-fast's"
     " single-GPU rows are estimated with the value chosen without them (45 us against 60 fitted on every source):"
     " 5.14 % on session 19's 297 figures; the fifteenth out-of-sample pass's 14 figures, 9 of its 11 tokens/s"
     " estimated high, brought it to 5.44 %, and this machine's 7 figures of 2026-11-25 (CPU layouts, none within 5"
     " %) to 5.77 %, and the 11 figures of six held-out CPU configurations (session 21: 8 within goal, 1 within 5 %,"
     " every step time low) to 6.09 %; the CPU heap retention measured in the planned world (session 22: the 10"
-    " CPU RSS figures within 0.6-9.8 %) brought it to 5.65 % (docs/estimate.md, 'Where the goal stands'): not"
-    " reached",
+    " CPU RSS figures within 0.6-9.8 %) brought it to 5.65 %, and the 13 figures of seven held-out CPU"
+    " configurations (session 22: 7 within goal, 3 within 5 %) to 5.77 % over 342 (in-sample 5.54 %;"
+    " docs/estimate.md, 'Where the goal stands'): not reached",
 )
 def test_cross_validated_median_error():
     assert median_abs_error(CV) <= 0.05, f"{median_abs_error(CV):.1%}"
