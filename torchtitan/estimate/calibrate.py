@@ -621,19 +621,19 @@ def _measure_all(plan: Plan, device: torch.device, seconds: float) -> Calibratio
     # The block and the head are timed in three windows spread over the calibration (its start, middle and end), and
     # the window with the median surplus over the kernels is kept: one window was timed 1.8x slow by a burst on the
     # host while every other measurement of that calibration agreed with later ones (docs/estimate_log.md, "The
-    # block and the head in place: the held-out results").
-    windows = [_in_place_window(plan, device, seconds)]
+    # block and the head in place: the held-out results"). Each window takes a third of the time one would.
+    windows = [_in_place_window(plan, device, seconds / 3)]
     cal.matmul_peak_tflops = calibrate_tflops(device, dtype, seconds=seconds)
     for shape in gemm_shapes(plan):
         cal.matmul_tflops[shape] = measure_gemm(shape, device, dtype, seconds / 4)
-    windows.append(_in_place_window(plan, device, seconds))
+    windows.append(_in_place_window(plan, device, seconds / 3))
     cal.attention_tflops = measure_attention(plan, device, dtype, seconds)
     cal.hbm_gbps = measure_bandwidth(device, dtype, seconds)
     cal.loss_ns_per_logit = measure_loss(plan, device, act_dtype, seconds)
     cal.collective_gbps = measure_collectives(plan, device, seconds)
     if device.type == "cpu":
         cal.collective_s = measure_collective_sizes(plan, device, seconds)
-    windows.append(_in_place_window(plan, device, seconds))
+    windows.append(_in_place_window(plan, device, seconds / 3))
     if plan.block_measurable:
         cal.block_s, cal.block_kernels_s, cal.block_tokens = median_window([w[0] for w in windows])
     if plan.head_measurable:
