@@ -416,7 +416,8 @@ class Estimate:
     calibrate: bool = opt(
         False,
         "measure matmul, attention, memory-bandwidth, eager-loss and collective micro-benchmarks on the devices present"
-        " (CPU: gloo between 2 processes) and use them instead of the table and default efficiencies",
+        " (CPU: gloo between 2 processes), and an eager run's block and head beside their own kernels, and use them"
+        " instead of the table and default efficiencies",
     )
     async_tp: bool = opt(
         False,

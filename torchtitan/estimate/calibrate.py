@@ -502,7 +502,9 @@ for _ in range(int(os.environ["PROBE_STEPS"])):
     run.optimizer.zero_grad(set_to_none=True)
     for _ in range(run.accum_steps):
         inputs, labels = next(data)
-        forward_backward(run.model_parts, inputs, labels, run.global_tokens, run.loss_context, run.pp, run.loss_fn)
+        with run.cp_context(inputs, labels):  # as the trainer's step: context parallel shards them, else a no-op
+            forward_backward(run.model_parts, inputs, labels, run.global_tokens, run.loss_context, run.pp,
+                             run.loss_fn)
     reduce_partial_grads(run.model_parts)
     clip_grad_norm_([p for part in run.model_parts for p in part.parameters()], cfg.training.max_norm,
                     pp_mesh=run.dims.mesh("pp") if run.dims.pp_enabled else None)
