@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -979,6 +980,10 @@ def test_planned_block_is_the_ranks_share_and_is_timed_beside_its_kernels():
     # the same block under the trainer's TP plan, over a fake process group: DTensor's host time beside it
     assert math.isfinite(cal.tp_dispatch_s(plan, 0.01, 1))
     assert cal.tp_dispatch_s(build_plan(parse_args(args[:2]), require_rates=False), 0.01, 1) is None  # no TP
+    with mock.patch("torch.multiprocessing.spawn", side_effect=RuntimeError("the probe's process died")):
+        assert (
+            cal.tp_dispatch_s(plan, 0.01, 1) is None
+        )  # a failed probe prices nothing; the calibration goes on
 
 
 def test_measured_block_and_head_price_their_own_work():

@@ -291,14 +291,18 @@ def _tp_dispatch_worker(rank: int, plan: Plan, seconds: float, threads: int, out
 
 def tp_dispatch_s(plan: Plan, seconds: float, threads: int) -> float | None:
     """`measure_tp_dispatch` in a process of its own (a fake process group of the TP degree, with the run's
-    threads); None where it does not apply (no tensor parallelism, or a compiled or float8 run)."""
+    threads); None where it does not apply (no tensor parallelism, or a compiled or float8 run) or when that
+    process fails (the estimate then prices no DTensor host time, and the calibration's notes say so)."""
     if plan.tp == 1 or not plan.block_measurable:
         return None
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "tp.pt")
-        mp.spawn(_tp_dispatch_worker, args=(plan, seconds, threads, out), nprocs=1)
+        try:
+            mp.spawn(_tp_dispatch_worker, args=(plan, seconds, threads, out), nprocs=1)
+        except Exception:  # the probe's own failure (torch.multiprocessing re-raises it here): not the run's
+            return None
         return float(torch.load(out))
 
 
@@ -712,6 +716,8 @@ def calibrate(plan: Plan, seconds: float = 0.3, config_argv: list[str] | None = 
             cal = Calibration(**torch.load(out, weights_only=False))
     if device_type == "cpu":
         cal.tp_dispatch_s = tp_dispatch_s(plan, seconds, threads)
+        if cal.tp_dispatch_s is None and plan.tp > 1 and plan.block_measurable:
+            notes.append("tensor-parallel dispatch probe failed: DTensor's host time not counted")
         probe = None
         if world == plan.dims.world_size and _probe_fits(plan):
             blocks = plan.pp_plan.num_stages if plan.pp_plan is not None else 1
