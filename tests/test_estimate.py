@@ -1087,6 +1087,11 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     assert all(w == 2 and b > 0 and t > 0 for _, w, b, t in cal["collective_s"])
     assert 0.1 < cal["runtime_rss_gib"] < 4
     assert data["hardware"]["calibrated"] and data["fits"]
+    # the probe timed the trainer's step with 1 and 3 of the debug model's 6 blocks; the estimate is their line at 6
+    (d1, t1), (d3, t3) = cal["probe_step_s"]
+    assert (d1, d3) == (1, 3) and 0 < t1 and 0 < t3
+    assert data["step_time_s"] == pytest.approx(t1 + max(0.0, (t3 - t1) / 2) * 5)
+    assert "measured_beyond_model" in data["step_time_breakdown_s"]
     # a CPU plan's error bar comes from this project's calibrated CPU rows (2 processes: data parallel)
     assert data["validation"]["step time s"]["scope"] == "CPU, data parallel"
     assert set(data["validation"]) == {"step time s", "max RSS GiB"}
@@ -1236,6 +1241,49 @@ def test_cpu_heap_retention_measured_in_the_planned_world():
     cal.probe_tensors_gib = 10.0  # a probe larger than the plan: its retention, no negative ratio term
     parts = rank_memory(build_plan(cfg, cal, require_rates=False), 0)
     assert parts["allocator_and_comm_overhead"] == pytest.approx(0.57 * 2**30)
+
+
+def test_cpu_step_measured_at_two_depths_stands_for_the_plan():
+    """A CPU calibration whose probe timed the trainer's own step on this plan at two depths
+    (calibrate.planned_heap_probe) sets the step time: the line through the two, carried to the plan's blocks; the
+    model's terms stay in the breakdown, with what the measurement holds beyond them. It stands for this plan only:
+    another batch (a search's other layout), another world or a GPU estimate keep the model; one measured depth
+    stands only for a plan of that depth."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import measured_step
+    from torchtitan.estimate.training import estimate_plan
+
+    argv = [
+        "--job.config_file=train_configs/debug_model.toml",
+        "--estimate.hardware=cpu",
+        "--estimate.num_devices=2",
+    ]
+    cal = Calibration(device="cpu", matmul_peak_tflops=0.05, hbm_gbps=10.0, collective_gbps=0.3)
+    modelled = estimate_plan(build_plan(parse_args(argv), cal))
+    assert "measured_beyond_model" not in modelled["step_time_breakdown_s"]
+    cal.probe_step_s = [[3, 0.5], [1, 0.2]]
+    cal.probe_key = build_plan(parse_args(argv), cal).depth_key()
+    est = estimate_plan(build_plan(parse_args(argv), cal))  # the debug model: 6 blocks
+    assert est["step_time_s"] == pytest.approx(0.2 + 0.15 * 5)
+    breakdown = est["step_time_breakdown_s"]
+    assert sum(breakdown.values()) == pytest.approx(est["step_time_s"])
+    assert breakdown["measured_beyond_model"] == pytest.approx(0.95 - modelled["step_time_s"])
+    assert est["tokens_per_sec_per_device"] == pytest.approx(8 * 256 / 0.95)
+    # the key is the plan's shape, batch and layout without its depth: the same at 3 blocks, not at another batch
+    deeper = build_plan(parse_args([*argv, "--model.n_layers=3"]), cal)
+    assert measured_step(deeper) == pytest.approx(0.5)
+    for other in (["--training.local_batch_size=4"], ["--estimate.num_devices=1"]):
+        plan = build_plan(parse_args([*argv, *other]), cal)
+        assert measured_step(plan) is None
+        assert "measured_beyond_model" not in estimate_plan(plan)["step_time_breakdown_s"]
+    cal.probe_step_s = [[1, 0.2]]  # the second depth failed
+    assert measured_step(build_plan(parse_args(argv), cal)) is None
+    one = build_plan(parse_args([*argv, "--model.n_layers=1"]), cal)
+    cal.probe_key = one.depth_key()
+    assert measured_step(one) == pytest.approx(0.2)
+    # a noisy pair that falls with depth carries the shallower step, never less
+    cal.probe_step_s = [[1, 0.2], [3, 0.19]]
+    assert measured_step(build_plan(parse_args(argv), cal)) == pytest.approx(0.2)
 
 
 def test_dtensor_host_time_script_prints_its_table():

@@ -486,8 +486,9 @@ _TINY = [
     "--parallelism.pipeline_parallel_degree=1", "--parallelism.context_parallel_degree=1",
 ]  # fmt: skip
 _PROBE_STEPS = {"tiny": 2, "planned": 12}
+PROBE_DEEPER = 3  # blocks a stage of the probe's second timed depth, at most the plan's
 _RUNTIME_PROBE = """
-import os, sys
+import os, statistics, sys, time
 common = ["--checkpoint.enable=false", "--comm.mode=default", "--job.dump_folder=" + os.environ["PROBE_DIR"]]
 from torchtitan.build import build_metrics, build_run, initialize_weights
 from torchtitan.config import parse_args
@@ -502,7 +503,9 @@ metrics = build_metrics(run, 0)  # the MFU peak's calibration matmul where no ta
 data = iter(run.dataloader)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # VmHWM := the current resident set: the peak below is the steps'
+times = []  # seconds of each step, as the trainer's loop runs it
 for _ in range(int(os.environ["PROBE_STEPS"])):
+    started = time.perf_counter()
     run.optimizer.zero_grad(set_to_none=True)
     for _ in range(run.accum_steps):
         inputs, labels = next(data)
@@ -513,6 +516,7 @@ for _ in range(int(os.environ["PROBE_STEPS"])):
     clip_grad_norm_([p for part in run.model_parts for p in part.parameters()], cfg.training.max_norm,
                     pp_mesh=run.dims.mesh("pp") if run.dims.pp_enabled else None)
     run.optimizer.step()
+    times.append(time.perf_counter() - started)
 # the probe model's own weights, gradients and AdamW moments are not runtime (with a large vocabulary they are not
 # small: the embedding and head keep the tokenizer's vocabulary)
 def nbytes(t):
@@ -524,16 +528,17 @@ own += sum(nbytes(v) for st in run.optimizer.state.values() for v in st.values()
 rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
 if int(os.environ.get("RANK", "0")) == 0:
-    print(rss - own, max(hwm, rss))
+    # the step time: the median of the steps after the first third (allocations, first-touch pages, one-time setup)
+    print(rss - own, max(hwm, rss), statistics.median(times[len(times) // 3:]))
 """
 
 
 def _run_probe(
     argv: list[str], threads: int | None, world: int = 1, form: str = "tiny", mmapped: bool = False
-) -> tuple[float, float] | None:
+) -> tuple[float, float, float] | None:
     """Run the probe (`form`: "tiny" or "planned", its `argv` already shaped) in `world` processes; rank 0's
-    (runtime GiB, peak GiB of the steps), or None when it fails. `mmapped`: every tensor of 128 KiB or more its
-    own mapping (glibc's MALLOC_MMAP_THRESHOLD_), returned to the system when freed."""
+    (runtime GiB, peak GiB of the steps, seconds per step), or None when it fails. `mmapped`: every tensor of
+    128 KiB or more its own mapping (glibc's MALLOC_MMAP_THRESHOLD_), returned to the system when freed."""
     # a world of its own, whatever launcher started the caller
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     env["HF_DATASETS_OFFLINE"] = os.environ.get("HF_DATASETS_OFFLINE", "1")
@@ -572,8 +577,8 @@ def _run_probe(
             return None
     if any(codes):
         return None
-    runtime, peak = (int(x) for x in out.strip().splitlines()[-1].split())
-    return runtime / 2**30, peak / 2**30
+    runtime, peak, step_s = (float(x) for x in out.strip().splitlines()[-1].split())
+    return runtime / 2**30, peak / 2**30, step_s
 
 
 def runtime_rss_gib(argv: list[str], threads: int | None = None) -> float | None:
@@ -585,21 +590,30 @@ def runtime_rss_gib(argv: list[str], threads: int | None = None) -> float | None
     return None if r is None else r[0]
 
 
-def planned_heap_probe(argv: list[str], threads: int | None, world: int, blocks: int) -> dict | None:
+def planned_heap_probe(
+    argv: list[str], threads: int | None, world: int, blocks: int, deeper: int | None = None
+) -> dict | None:
     """The probe on the planned model, world and layout with `blocks` transformer blocks (one per pipeline stage),
     twice: with every tensor its own mapping (the runtime in the planned world, and the steps' tensor peak above
     it) and with glibc's defaults (the same peak plus what the heap keeps: freed blocks that later requests do not
-    fit, which stay resident). GiB; None when either run fails."""
+    fit, which stay resident). GiB; None when either run fails.
+
+    The second run is the trainer's own malloc regime, and its steps are timed: the trainer's whole step as it runs
+    in the planned world (host time, optimizer, collectives and their waits included) with one block per stage. A
+    third run times the same with `deeper` blocks; `probe_step_s` holds [n_layers, seconds per step] of each (only
+    the first without `deeper` or when the third run fails), for steptime.measured_step."""
     shaped = [*argv, f"--model.n_layers={blocks}"]
     mapped = _run_probe(shaped, threads, world, "planned", mmapped=True)
     heap = _run_probe(shaped, threads, world, "planned") if mapped else None
     if heap is None:
         return None
-    runtime, peak = mapped
+    deep = _run_probe([*argv, f"--model.n_layers={deeper}"], threads, world, "planned") if deeper else None
+    runtime, peak, _ = mapped
     return {
         "runtime_rss_gib": runtime,
         "probe_tensors_gib": peak - runtime,
         "heap_retention_gib": max(0.0, heap[1] - peak),
+        "probe_step_s": [[blocks, heap[2]]] + ([[deeper, deep[2]]] if deep else []),
     }
 
 
@@ -720,11 +734,16 @@ def calibrate(plan: Plan, seconds: float = 0.3, config_argv: list[str] | None = 
             notes.append("tensor-parallel dispatch probe failed: DTensor's host time not counted")
         probe = None
         if world == plan.dims.world_size and _probe_fits(plan):
-            blocks = plan.pp_plan.num_stages if plan.pp_plan is not None else 1
-            probe = planned_heap_probe(config_argv or [], threads, world, blocks)
+            stages = plan.pp_plan.num_stages if plan.pp_plan is not None else 1
+            # the step timed again with up to PROBE_DEEPER blocks a stage (steptime.measured_step)
+            deeper = min(PROBE_DEEPER, plan.args.n_layers // stages) * stages
+            probe = planned_heap_probe(
+                config_argv or [], threads, world, stages, deeper if deeper > stages else None
+            )
         if probe is not None:
             for k, v in probe.items():
                 setattr(cal, k, v)
+            cal.probe_key = plan.depth_key()
         else:  # more processes than cores, or too large a plan: the runtime alone, in one process
             cal.runtime_rss_gib = runtime_rss_gib(config_argv or [], threads)
         if cal.runtime_rss_gib is None:

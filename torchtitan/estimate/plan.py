@@ -8,6 +8,8 @@ device, and float8's share from the float8 module filter: no second description 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -69,6 +71,10 @@ class Calibration:
     # the runtime, and what glibc's heap kept resident at that peak beyond it
     probe_tensors_gib: float | None = None
     heap_retention_gib: float | None = None
+    # CPU: the trainer's step time in the planned world at two depths, [[n_layers, seconds], ...], and the plan it
+    # ran (Plan.depth_key): calibrate.planned_heap_probe, steptime.measured_step
+    probe_step_s: list = field(default_factory=list)
+    probe_key: str | None = None
     # the trainer's eager cross-entropy (fp32 upcast), forward + backward, per logit
     loss_ns_per_logit: float | None = None
     # an eager block's forward + backward as the trainer runs it, its GEMMs and attention alone, its tokens
@@ -370,6 +376,29 @@ class Plan:
             n = sum(len(self.pp_plan.stage_layers[s]) for s in stages)
             out.append((n, 0 in stages, last in stages))
         return out
+
+    def depth_key(self) -> str:
+        """What the trainer's steps measured at another depth must share with this plan to stand for it
+        (steptime.measured_step), as a short hash: the settings that shape a step -- the model's shape but its
+        number of blocks, the world, batch and precision, parallelism, activation checkpointing, compile, float8
+        and the optimizer's implementation."""
+        c = self.cfg
+        training = (
+            "local_batch_size",
+            "global_batch_size",
+            "seq_len",
+            "mixed_precision_param",
+            "mixed_precision_reduce",
+            "cpu_bf16_fp32_kernels",
+        )
+        what = [
+            {k: v for k, v in dataclasses.asdict(self.args).items() if k != "n_layers"},
+            self.dims.world_size,
+            {k: getattr(c.training, k) for k in training},
+            *(dataclasses.asdict(x) for x in (c.parallelism, c.activation_checkpoint, c.compile, c.float8)),
+            c.optimizer.implementation,
+        ]
+        return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def block_params(self) -> float:
         """Parameters of one block on this rank (TP-sharded matrices; norms replicated)."""

@@ -18,6 +18,8 @@ pipeline_bubble  idle time of the schedule: (p-1)/m of the work for 1F1B/GPipe, 
              of that for the zero-bubble schedules
 optimizer    AdamW + gradient clipping over this rank's fp32 shard: memory-bound
 straggler    the wait for the slowest of the job's GPUs: a share of the synchronised compute (stragglers.py)
+measured_beyond_model   CPU with a calibration whose probe ran this plan: the trainer's own step measured at two
+             depths and carried linearly to the plan's (measured_step), less the terms above
 """
 
 from __future__ import annotations
@@ -843,6 +845,9 @@ def training_step_time(plan: Plan) -> dict:
         "optimizer": opt,
         "straggler": straggler,
     }
+    measured = measured_step(plan)
+    if measured is not None:  # the measured step stands; the model's terms show where it goes
+        breakdown["measured_beyond_model"] = measured - sum(breakdown.values())
     detail = {k: v * passes for k, v in w["detail"].items()}
     detail["elementwise"] += (
         copies[worst] * passes
@@ -852,6 +857,24 @@ def training_step_time(plan: Plan) -> dict:
         "step_time_breakdown_s": breakdown,
         "compute_detail_s": detail,
     }
+
+
+def measured_step(plan: Plan) -> float | None:
+    """Seconds per step of the trainer itself on this plan, from a CPU calibration's probe (calibrate.planned_heap_probe):
+    its step measured in the planned world and layout with one block and with two blocks per stage, carried along
+    the line through the two to the plan's number of blocks (every other setting equal: Plan.depth_key). A step is
+    linear in its blocks: each stage runs its blocks one after the other, and what is not a block (embedding, head,
+    loss, optimizer, the host's own time) is the same at every depth. None on GPUs, without two measured depths, or
+    for another plan than the one probed (a search's other layouts)."""
+    cal = plan.calibration
+    if cal is None or not plan.hw.is_cpu or not cal.probe_step_s or cal.probe_key != plan.depth_key():
+        return None
+    points = sorted(cal.probe_step_s)
+    n = plan.args.n_layers
+    if len(points) < 2:  # one depth: it stands for the plan only at the plan's own depth
+        return points[0][1] if points[0][0] == n else None
+    (d1, t1), (d2, t2) = points[0], points[-1]
+    return t1 + max(0.0, (t2 - t1) / (d2 - d1)) * (n - d1)
 
 
 def rank_step_parts(t: dict) -> dict[str, float]:
