@@ -860,9 +860,10 @@ def training_step_time(plan: Plan) -> dict:
 
 
 def measured_step(plan: Plan) -> float | None:
-    """Seconds per step of the trainer itself on this plan, from a CPU calibration's probe (calibrate.planned_heap_probe):
-    its step measured in the planned world and layout with one block and with two blocks per stage, carried along
-    the line through the two to the plan's number of blocks (every other setting equal: Plan.depth_key). A step is
+    """Seconds per step of the trainer itself on this plan, from a CPU calibration's probe
+    (calibrate.planned_heap_probe): its step measured in the planned world and layout with one block per stage and
+    with up to three (calibrate.PROBE_DEEPER, at most the plan's), carried along the line through the two to the
+    plan's number of blocks (every other setting equal: Plan.depth_key). A step is
     linear in its blocks: each stage runs its blocks one after the other, and what is not a block (embedding, head,
     loss, optimizer, the host's own time) is the same at every depth. None on GPUs, without two measured depths, or
     for another plan than the one probed (a search's other layouts)."""
