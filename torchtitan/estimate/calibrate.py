@@ -487,6 +487,7 @@ _TINY = [
 ]  # fmt: skip
 _PROBE_STEPS = {"tiny": 2, "planned": 12}
 PROBE_DEEPER = 3  # blocks a stage of the probe's second timed depth, at most the plan's
+PROBE_TIMINGS = 2  # timed runs of each depth, in turn (planned_heap_probe)
 _RUNTIME_PROBE = """
 import os, statistics, sys, time
 common = ["--checkpoint.enable=false", "--comm.mode=default", "--job.dump_folder=" + os.environ["PROBE_DIR"]]
@@ -599,21 +600,27 @@ def planned_heap_probe(
     fit, which stay resident). GiB; None when either run fails.
 
     The second run is the trainer's own malloc regime, and its steps are timed: the trainer's whole step as it runs
-    in the planned world (host time, optimizer, collectives and their waits included) with one block per stage. A
-    third run times the same with `deeper` blocks; `probe_step_s` holds [n_layers, seconds per step] of each (only
-    the first without `deeper` or when the third run fails), for steptime.measured_step."""
+    in the planned world (host time, optimizer, collectives and their waits included) with one block per stage.
+    With `deeper`, the same is timed with `deeper` blocks, then each depth once more, in turn (deeper, one a stage,
+    deeper: PROBE_TIMINGS runs a depth), so that a slow period of the host does not set a depth's time alone;
+    `probe_step_s` holds [n_layers, seconds per step] of every timed run that did not fail, for
+    steptime.measured_step."""
     shaped = [*argv, f"--model.n_layers={blocks}"]
     mapped = _run_probe(shaped, threads, world, "planned", mmapped=True)
     heap = _run_probe(shaped, threads, world, "planned") if mapped else None
     if heap is None:
         return None
-    deep = _run_probe([*argv, f"--model.n_layers={deeper}"], threads, world, "planned") if deeper else None
+    timed = [[blocks, heap[2]]]
+    for depth in ([deeper, blocks] * PROBE_TIMINGS)[: 2 * PROBE_TIMINGS - 1] if deeper else []:
+        run = _run_probe([*argv, f"--model.n_layers={depth}"], threads, world, "planned")
+        if run is not None:
+            timed.append([depth, run[2]])
     runtime, peak, _ = mapped
     return {
         "runtime_rss_gib": runtime,
         "probe_tensors_gib": peak - runtime,
         "heap_retention_gib": max(0.0, heap[1] - peak),
-        "probe_step_s": [[blocks, heap[2]]] + ([[deeper, deep[2]]] if deep else []),
+        "probe_step_s": timed,
     }
 
 
