@@ -259,7 +259,10 @@ def trace_terms(path: str | Path) -> dict:
 
 
 def estimated_terms(estimate: dict) -> dict[str, float]:
-    """An estimate's (the JSON of `python -m torchtitan.estimate`) step in the same terms; recompute is its own."""
+    """An estimate's (the JSON of `python -m torchtitan.estimate`) step in the same terms; recompute is its own.
+    The model prices no host time; where a CPU calibration timed the trainer's own step on this plan, what that
+    measurement holds beyond the model's terms (`measured_beyond_model`, of either sign) stands in the host's row,
+    so the terms still add up to the step."""
     d, b = estimate["compute_detail_s"], estimate["step_time_breakdown_s"]
     return {
         "matmul": d["matmul"],
@@ -270,7 +273,7 @@ def estimated_terms(estimate: dict) -> dict[str, float]:
         "communication": sum(v for k, v in b.items() if k.endswith("_comm_exposed"))
         + b.get("pipeline_bubble", 0.0),
         "optimizer": b["optimizer"],
-        "host": 0.0,
+        "host": b.get("measured_beyond_model", 0.0),
         "straggler": b.get("straggler", 0.0),
     }
 
