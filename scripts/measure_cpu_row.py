@@ -48,15 +48,30 @@ def _toml(value) -> str:
 def run_once(nproc: int, flags: list[str], folder: Path) -> tuple[float, float | None]:
     """One trainer run: (its median step time after step 10, rank 0's largest peak RSS)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    train = ["train.py", f"--job.dump_folder={folder}", f"--training.steps={STEPS}", "--metrics.log_freq=1", *flags]
+    train = [
+        "train.py",
+        f"--job.dump_folder={folder}",
+        f"--training.steps={STEPS}",
+        "--metrics.log_freq=1",
+        *flags,
+    ]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *train]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *train,
+        ]
     else:
         cmd = [sys.executable, *train]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"error: the run failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
     steps = [r["time/step_s"] for r in records if r["step"] > AFTER_STEP and "time/step_s" in r]
     if not steps:
         sys.exit(f"error: {folder / 'metrics.jsonl'} holds no step time after step {AFTER_STEP}")
@@ -104,9 +119,7 @@ def main() -> None:
 
     lines = ["[[cpu]]", f"id = {_toml(a.id)}", f"source = {_toml(a.source)}", f"num_devices = {a.nproc}",
              f"args = {_toml(a.flags)}"]  # fmt: skip
-    comment = (
-        f"# {a.describe}; per-run medians of step_s after step {AFTER_STEP}: {', '.join(f'{s:.4f}' for s in steps)}"
-    )
+    comment = f"# {a.describe}; per-run medians of step_s after step {AFTER_STEP}: {', '.join(f'{s:.4f}' for s in steps)}"
     if not a.pp:
         comment += f"; rank 0's peak RSS per run: {', '.join(f'{r:.3f}' for r in rsss)}"
     comment += (

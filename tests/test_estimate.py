@@ -1098,14 +1098,15 @@ def test_calibrate_cli_on_two_cpu_processes(tmp_path):
     assert data["validation"]["step time s"]["scope"] == "CPU, data parallel"
     assert set(data["validation"]) == {"step time s", "max RSS GiB"}
     # the probe ran in the planned world (2 processes, FSDP 2): the runtime, its steps' tensors and what glibc's
-    # heap kept at their peak, all measured; the overhead adds the ratio for the tensors beyond the probe's
+    # heap kept at their peak, all measured; the same runs' peaks at both depths set the memory (their line at 6)
     assert 0 < cal["probe_tensors_gib"] < 4 and 0 <= cal["heap_retention_gib"] < 4
-    parts = dict(data["memory_breakdown_gib"])
-    overhead = parts.pop("allocator_and_comm_overhead")
-    beyond = max(0.0, sum(parts.values()) - cal["probe_tensors_gib"])
-    assert overhead == pytest.approx(
-        cal["runtime_rss_gib"] + cal["heap_retention_gib"] + DEFAULT.cpu_heap_retention * beyond
+    assert [d for d, _ in cal["probe_rss_gib"]] == [1, 3, 1, 3] and all(
+        0.1 < g < 4 for _, g in cal["probe_rss_gib"]
     )
+    m1 = sum(g for d, g in cal["probe_rss_gib"] if d == 1) / 2
+    m3 = sum(g for d, g in cal["probe_rss_gib"] if d == 3) / 2
+    assert data["memory_gib"] == pytest.approx(m1 + max(0.0, (m3 - m1) / 2) * 5)
+    assert sum(data["memory_breakdown_gib"].values()) == pytest.approx(data["memory_gib"])
 
 
 _UNEVEN_RANKS = """
@@ -1289,6 +1290,38 @@ def test_cpu_step_measured_at_two_depths_stands_for_the_plan():
     # a depth timed twice takes its faster run (a slow period of the host only lengthens a step)
     cal.probe_step_s = [[1, 0.2], [3, 0.7], [1, 0.25], [3, 0.5]]
     assert measured_step(build_plan(parse_args(argv), cal)) == pytest.approx(0.95)
+
+
+def test_cpu_memory_measured_at_two_depths_stands_for_the_plan():
+    """The same probe's runs record rank 0's peak resident memory (glibc's defaults, the trainer's regime): where
+    they measured this plan at two depths, the peak is their line at the plan's blocks (each depth's runs averaged),
+    the model's tensors stay in the breakdown and the rest is the overhead's, of either sign. Not for another plan,
+    nor under pipeline parallelism (rank 0 holds one stage; the estimate is the worst rank's)."""
+    from torchtitan.estimate.memory import measured_rss
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.training import estimate_plan
+
+    argv = [
+        "--job.config_file=train_configs/debug_model.toml",
+        "--estimate.hardware=cpu",
+        "--estimate.num_devices=2",
+    ]
+    cal = Calibration(device="cpu", matmul_peak_tflops=0.05, hbm_gbps=10.0, collective_gbps=0.3,
+                      runtime_rss_gib=0.45, probe_tensors_gib=0.05, heap_retention_gib=0.02)  # fmt: skip
+    modelled = estimate_plan(build_plan(parse_args(argv), cal))
+    cal.probe_rss_gib = [[1, 0.60], [3, 0.70], [1, 0.62], [3, 0.72]]
+    cal.probe_key = build_plan(parse_args(argv), cal).depth_key()
+    est = estimate_plan(build_plan(parse_args(argv), cal))  # the debug model: 6 blocks
+    assert est["memory_gib"] == pytest.approx(0.61 + 0.05 * 5)
+    assert est["memory_gib"] != pytest.approx(modelled["memory_gib"])
+    assert sum(est["memory_breakdown_gib"].values()) == pytest.approx(est["memory_gib"])
+    tensors = {k: v for k, v in est["memory_breakdown_gib"].items() if k != "allocator_and_comm_overhead"}
+    assert tensors == {k: v for k, v in modelled["memory_breakdown_gib"].items() if k in tensors}
+    for other in (["--training.local_batch_size=4"], ["--estimate.num_devices=1"]):
+        assert measured_rss(build_plan(parse_args([*argv, *other]), cal)) is None
+    pp = [*argv, "--parallelism.pipeline_parallel_degree=2"]
+    cal.probe_key = build_plan(parse_args(pp), cal).depth_key()
+    assert measured_rss(build_plan(parse_args(pp), cal)) is None
 
 
 def test_dtensor_host_time_script_prints_its_table():

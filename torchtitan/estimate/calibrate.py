@@ -604,23 +604,26 @@ def planned_heap_probe(
     With `deeper`, the same is timed with `deeper` blocks, then each depth once more, in turn (deeper, one a stage,
     deeper: PROBE_TIMINGS runs a depth), so that a slow period of the host does not set a depth's time alone;
     `probe_step_s` holds [n_layers, seconds per step] of every timed run that did not fail, for
-    steptime.measured_step."""
+    steptime.measured_step, and `probe_rss_gib` [n_layers, rank 0's peak GiB of the steps] of the same runs, for
+    memory.measured_rss."""
     shaped = [*argv, f"--model.n_layers={blocks}"]
     mapped = _run_probe(shaped, threads, world, "planned", mmapped=True)
     heap = _run_probe(shaped, threads, world, "planned") if mapped else None
     if heap is None:
         return None
-    timed = [[blocks, heap[2]]]
+    timed, peaks = [[blocks, heap[2]]], [[blocks, heap[1]]]
     for depth in ([deeper, blocks] * PROBE_TIMINGS)[: 2 * PROBE_TIMINGS - 1] if deeper else []:
         run = _run_probe([*argv, f"--model.n_layers={depth}"], threads, world, "planned")
         if run is not None:
             timed.append([depth, run[2]])
+            peaks.append([depth, run[1]])
     runtime, peak, _ = mapped
     return {
         "runtime_rss_gib": runtime,
         "probe_tensors_gib": peak - runtime,
         "heap_retention_gib": max(0.0, heap[1] - peak),
         "probe_step_s": timed,
+        "probe_rss_gib": peaks,
     }
 
 

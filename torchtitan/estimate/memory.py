@@ -10,10 +10,14 @@ Figures are what CUDA's caching allocator reserves (torch.cuda.max_memory_reserv
 memory/max_reserved_gib): allocated bytes x (1 + fragmentation) + fixed pools. The allocator caches freed blocks
 per stream, and FSDP2 allocates the sharded gradients in its reduce-scatter stream (`reduce_scatter_pool_bytes`),
 so on a GPU they add to both moments rather than reuse what the compute stream freed. On CPU the figure is the
-process's resident set: the measured runtime baseline (Python, torch, data libraries) plus the allocated bytes.
+process's resident set: the measured runtime baseline (Python, torch, data libraries) plus the allocated bytes
+and what glibc's heap keeps of them; where a calibration's probe ran the plan itself at two depths, the peak it
+measured there, carried to the plan's depth (measured_rss).
 """
 
 from __future__ import annotations
+
+import statistics
 
 from .activations import backward_working_set_per_token, block_modes, saved_per_token
 from .plan import GIB, Plan
@@ -340,7 +344,12 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
             "float8_extras": f8,
         }
     allocated = sum(parts.values())
-    if plan.hw.is_cpu:
+    measured = measured_rss(plan)
+    if measured is not None:
+        # the trainer's own resident peak on this plan, measured at two depths: what it holds beyond the model's
+        # tensors (runtime, heap retention, and whatever the tensors above miss) is this key's, of either sign
+        parts["allocator_and_comm_overhead"] = measured * GIB - allocated
+    elif plan.hw.is_cpu:
         # the measured runtime (imports, data, process group, kernels paged in) and what glibc's heap keeps of the
         # tensors a step frees (measured in the planned world where the calibration could, else the ratio alone);
         # without a measured runtime (preflight, simulated ranks) the tensors alone
@@ -359,6 +368,19 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     else:
         parts["allocator_and_comm_overhead"] = allocated * eff.fragmentation + eff.allocator_fixed_gib * GIB
     return parts
+
+
+def measured_rss(plan: Plan) -> float | None:
+    """GiB: rank 0's peak resident memory of the trainer's own steps on this plan, from a CPU calibration's probe
+    (calibrate.planned_heap_probe, glibc's defaults: the trainer's malloc regime) at one block per stage and at up
+    to three, carried along the line through the two to the plan's blocks (Plan.along_probed_depths; the runs of a
+    depth averaged: a peak's spread is the heap's layout, of either sign). Not under pipeline parallelism, where
+    rank 0 holds the first stage and the estimate is the worst rank's. None where the probe did not run this
+    plan."""
+    cal = plan.calibration
+    if cal is None or plan.pp_plan is not None:
+        return None
+    return plan.along_probed_depths(cal.probe_rss_gib, statistics.fmean)
 
 
 def training_memory(plan: Plan) -> dict:

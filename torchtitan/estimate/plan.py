@@ -75,6 +75,8 @@ class Calibration:
     # ran (Plan.depth_key): calibrate.planned_heap_probe, steptime.measured_step
     probe_step_s: list = field(default_factory=list)
     probe_key: str | None = None
+    # CPU: rank 0's peak resident memory of the same runs' steps, [[n_layers, GiB], ...] (memory.measured_rss)
+    probe_rss_gib: list = field(default_factory=list)
     # the trainer's eager cross-entropy (fp32 upcast), forward + backward, per logit
     loss_ns_per_logit: float | None = None
     # an eager block's forward + backward as the trainer runs it, its GEMMs and attention alone, its tokens
@@ -399,6 +401,28 @@ class Plan:
             c.optimizer.implementation,
         ]
         return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    def along_probed_depths(self, points: list, pick) -> float | None:
+        """A figure of the trainer's own steps that a CPU calibration measured on this plan cut to fewer blocks
+        (`points`: [[n_layers, value], ...], a depth possibly timed more than once, its runs reduced by `pick`),
+        carried along the line through the shallowest and the deepest depth to this plan's number of blocks. A
+        stage runs its blocks one after the other and holds each block's weights, states and saved activations,
+        while everything else in a step (embedding, head, loss, optimizer's host time, runtime) is the same at
+        every depth: time and resident memory are linear in the blocks; the slope is never taken below zero. None
+        on GPUs, without a calibration of this very plan (`depth_key`: a search's other layouts), or with one depth
+        only unless it is the plan's own."""
+        cal = self.calibration
+        if cal is None or not self.hw.is_cpu or not points or cal.probe_key != self.depth_key():
+            return None
+        runs: dict[int, list[float]] = {}
+        for depth, value in points:
+            runs.setdefault(depth, []).append(value)
+        at = sorted((depth, pick(values)) for depth, values in runs.items())
+        n = self.args.n_layers
+        if len(at) < 2:
+            return at[0][1] if at[0][0] == n else None
+        (d1, v1), (d2, v2) = at[0], at[-1]
+        return v1 + max(0.0, (v2 - v1) / (d2 - d1)) * (n - d1)
 
     def block_params(self) -> float:
         """Parameters of one block on this rank (TP-sharded matrices; norms replicated)."""

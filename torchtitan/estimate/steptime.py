@@ -863,23 +863,11 @@ def measured_step(plan: Plan) -> float | None:
     """Seconds per step of the trainer itself on this plan, from a CPU calibration's probe
     (calibrate.planned_heap_probe): its step measured in the planned world and layout with one block per stage and
     with up to three (calibrate.PROBE_DEEPER, at most the plan's), carried along the line through the two to the
-    plan's number of blocks (every other setting equal: Plan.depth_key). A step is linear in its blocks: each stage
-    runs its blocks one after the other, and what is not a block (embedding, head, loss, optimizer, the host's own
-    time) is the same at every depth. A depth timed more than once takes its fastest run: the host's slow periods
-    only ever lengthen a step. None on GPUs, without two measured depths, or for another plan than the one probed
-    (a search's other layouts)."""
+    plan's number of blocks (Plan.along_probed_depths). A depth timed more than once takes its fastest run: the
+    host's slow periods only ever lengthen a step. None on GPUs, without two measured depths, or for another plan
+    than the one probed (a search's other layouts)."""
     cal = plan.calibration
-    if cal is None or not plan.hw.is_cpu or not cal.probe_step_s or cal.probe_key != plan.depth_key():
-        return None
-    fastest: dict[int, float] = {}
-    for depth, seconds in cal.probe_step_s:
-        fastest[depth] = min(seconds, fastest.get(depth, math.inf))
-    points = sorted(fastest.items())
-    n = plan.args.n_layers
-    if len(points) < 2:  # one depth: it stands for the plan only at the plan's own depth
-        return points[0][1] if points[0][0] == n else None
-    (d1, t1), (d2, t2) = points[0], points[-1]
-    return t1 + max(0.0, (t2 - t1) / (d2 - d1)) * (n - d1)
+    return plan.along_probed_depths(cal.probe_step_s, min) if cal else None
 
 
 def rank_step_parts(t: dict) -> dict[str, float]:
