@@ -418,8 +418,8 @@ class Estimate:
         "measure matmul, attention, memory-bandwidth, eager-loss and collective micro-benchmarks on the devices present"
         " (CPU: gloo between 2 processes), and an eager run's block and head beside their own kernels, and use them"
         " instead of the table and default efficiencies; on a CPU whose cores hold the planned world, also time the"
-        " trainer's own step on the plan cut to 1 and up to 3 blocks per stage (twice each), whose line sets the step"
-        " time",
+        " trainer's own step and its peak memory on the plan cut to 1 and up to 3 blocks per stage (twice each), whose"
+        " lines set the step time and (without PP) the memory",
     )
     async_tp: bool = opt(
         False,

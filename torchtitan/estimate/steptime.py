@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from . import collectives, rates, stragglers
@@ -863,11 +864,13 @@ def measured_step(plan: Plan) -> float | None:
     """Seconds per step of the trainer itself on this plan, from a CPU calibration's probe
     (calibrate.planned_heap_probe): its step measured in the planned world and layout with one block per stage and
     with up to three (calibrate.PROBE_DEEPER, at most the plan's), carried along the line through the two to the
-    plan's number of blocks (Plan.along_probed_depths). A depth timed more than once takes its fastest run: the
-    host's slow periods only ever lengthen a step. None on GPUs, without two measured depths, or for another plan
-    than the one probed (a search's other layouts)."""
+    plan's number of blocks (Plan.along_probed_depths). A depth timed more than once takes the mean of its runs:
+    what is estimated is the trainer's typical step, the host's slow periods included (its fastest run was biased
+    low on 11 of 12 held-out rows: docs/estimate_log.md, "CPU peak memory measured at two depths: the held-out
+    results"). None on GPUs, without two measured depths, or for another plan than the one probed (a search's other
+    layouts)."""
     cal = plan.calibration
-    return plan.along_probed_depths(cal.probe_step_s, min) if cal else None
+    return plan.along_probed_depths(cal.probe_step_s, statistics.fmean) if cal else None
 
 
 def rank_step_parts(t: dict) -> dict[str, float]:
