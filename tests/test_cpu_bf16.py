@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import TINY, run_train
+from conftest import FIXED_PEAK, TINY, run_train
 from torchtitan.metrics import hardware
 from torchtitan.models.llama3 import ModelArgs, Transformer
 from torchtitan.parallel import cpu_bf16
@@ -93,6 +93,35 @@ def test_fp32_compute_and_bias_take_torch_kernels(operands):
     with torch.autocast("cpu", BF16):
         out = cpu_bf16.linear(x, w, bias)
         assert torch.equal(out, F.linear(x, w, bias))
+
+
+def test_dtensor_operands_take_them(operands):
+    """Tensor parallel: DTensor operands (a column-wise weight, a replicated input, on a one-rank gloo mesh) take
+    the fp32 kernels on their local tensors -- the same values and gradients as plain tensors -- and the output
+    and gradients keep DTensor's own placements."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    x, w = (t.to(BF16) for t in operands)
+    plain, (px, pw) = grads(cpu_bf16.linear, x, w)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        dx, dw = distribute_tensor(x, mesh, [Replicate()]), distribute_tensor(w, mesh, [Shard(0)])
+        assert cpu_bf16._applies(dx, dw)
+        dx, dw = dx.detach().requires_grad_(), dw.detach().requires_grad_()
+        out = cpu_bf16.linear(dx, dw)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))  # as grads() weighs
+        (out.float() * distribute_tensor(weights, mesh, out.placements)).sum().backward()
+        gx, gw = dx.grad, dw.grad
+        assert "LinearInFp32" in type(out.grad_fn).__name__
+        assert all(isinstance(t, DTensor) for t in (out, gx, gw))
+        assert out.placements == (Shard(2),) and gw.placements == (Shard(0),)
+        assert torch.equal(out.full_tensor(), plain)
+        assert torch.equal(gx.full_tensor(), px) and torch.equal(gw.full_tensor(), pw)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_few_rows_without_autograd_take_the_kernel_that_streams_the_weight():
@@ -203,15 +232,21 @@ def test_where_the_trainer_uses_them(monkeypatch):
 
 
 @pytest.mark.skipif(not fp32_kernels_apply("cpu", BF16), reason="this CPU has bf16 instructions")
-def test_trainer_losses_with_and_without_them(tmp_path):
-    """One process, bf16: the first steps' losses with torch's bf16 kernels and with the fp32 ones agree to bf16
-    rounding (the runs start from the same weights and data)."""
+@pytest.mark.parametrize(
+    "nproc,layout",
+    [(1, []), (2, ["--parallelism.tensor_parallel_degree=2", FIXED_PEAK])],
+    ids=["one_process", "tp2"],
+)
+def test_trainer_losses_with_and_without_them(tmp_path, nproc, layout):
+    """bf16, in one process (autocast) and on TP 2 (DTensor operands): the first steps' losses with torch's bf16
+    kernels and with the fp32 ones agree to bf16 rounding (the runs start from the same weights and data)."""
     losses = {}
     for on in ("true", "false"):
         r = run_train(
-            1,
+            nproc,
             [
                 *TINY,
+                *layout,
                 "--training.steps=3",
                 f"--training.cpu_bf16_fp32_kernels={on}",
                 f"--job.dump_folder={tmp_path / on}",

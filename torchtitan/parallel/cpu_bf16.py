@@ -10,9 +10,10 @@ result is rounded to bf16 -- only the order of the sums differs, as it does betw
 `apply_cpu_bf16_kernels(model)` sends the model's bf16 matmuls and attention that way: every plain nn.Linear
 becomes an `Fp32KernelLinear` (same parameters and state-dict keys), and every Attention block and a tied output
 projection get drop-in kernels (`Attention.sdpa`, `Transformer.tied_linear`). They act where the operands are
-bf16 (FSDP's bf16 parameters) or autocast would make them bf16 (one data-parallel rank), on plain CPU tensors;
-anything else (fp32 runs, tensor subclasses such as DTensor or quantized weights, a bias) takes torch's own
-kernel.
+bf16 (FSDP's bf16 parameters) or autocast would make them bf16 (one data-parallel rank), on plain CPU tensors or
+DTensors of plain CPU tensors (tensor parallel: DTensor's sharding rules and collectives stay as they are, only
+its local matmuls become fp32 ones); anything else (fp32 runs, other tensor subclasses such as quantized or
+float8 weights, a bias) takes torch's own kernel.
 
 - Linear: forward and backward in fp32 kernels, the incoming gradient and both outgoing gradients rounded to
   bf16 as in a bf16 backward; it keeps the bf16 operands for backward (the memory autocast's bf16 weight copies
@@ -35,6 +36,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from torchtitan.log import logger
 from torchtitan.metrics.hardware import cpu_lacks_bf16_instructions
@@ -58,12 +60,13 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 
 
 def _applies(*tensors: torch.Tensor) -> bool:
-    """Plain CPU tensors whose computation is bf16: bf16 operands, or autocast to bf16 active. Tensor subclasses
-    (DTensor under tensor parallelism, torchao's quantized or float8 weights) keep their own kernels. (Plain
-    loops: this runs for every linear of every decode step, where microseconds show.)"""
+    """Plain CPU tensors, or DTensors of them (tensor parallel), whose computation is bf16: bf16 operands, or
+    autocast to bf16 active. Other tensor subclasses (torchao's quantized or float8 weights) keep their own
+    kernels. (Plain loops: this runs for every linear of every decode step, where microseconds show.)"""
     bf16 = False
     for t in tensors:
-        if type(t) not in _PLAIN or not t.is_cpu:
+        local = t.to_local() if type(t) is DTensor else t
+        if type(local) not in _PLAIN or not local.is_cpu:
             return False
         bf16 = bf16 or t.dtype == BF16
     return bf16 or (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16)
