@@ -8,14 +8,13 @@ they must not be plain fp32. `fp32_kernels_apply` decides where the trainer uses
 from __future__ import annotations
 
 import copy
-import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import FIXED_PEAK, TINY, run_train
+from conftest import FIXED_PEAK, TINY, losses, train_together
 from torchtitan.metrics import hardware
 from torchtitan.models.llama3 import ModelArgs, Transformer
 from torchtitan.parallel import cpu_bf16
@@ -239,23 +238,22 @@ def test_where_the_trainer_uses_them(monkeypatch):
 )
 def test_trainer_losses_with_and_without_them(tmp_path, nproc, layout):
     """bf16, in one process (autocast) and on TP 2 (DTensor operands): the first steps' losses with torch's bf16
-    kernels and with the fp32 ones agree to bf16 rounding (the runs start from the same weights and data)."""
-    losses = {}
-    for on in ("true", "false"):
-        r = run_train(
-            nproc,
-            [
-                *TINY,
-                *layout,
-                "--training.steps=3",
-                f"--training.cpu_bf16_fp32_kernels={on}",
-                f"--job.dump_folder={tmp_path / on}",
-            ],
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
-        losses[on] = [float(x) for x in re.findall(r"loss\s+([\d.]+)", r.stdout)]
-    assert len(losses["true"]) == 3
-    assert losses["true"] == pytest.approx(losses["false"], rel=2e-3)
+    kernels and with the fp32 ones agree to bf16 rounding (the runs start from the same weights and data; both
+    train in the same processes, one after the other)."""
+    runs = {
+        on: [
+            *TINY,
+            *layout,
+            "--training.steps=3",
+            "--metrics.enable_jsonl=true",
+            f"--training.cpu_bf16_fp32_kernels={on}",
+        ]
+        for on in ("true", "false")
+    }
+    folders = train_together(nproc, runs, tmp_path)
+    ours, torchs = losses(folders["true"]), losses(folders["false"])
+    assert sorted(ours) == [1, 2, 3] and sorted(torchs) == [1, 2, 3]
+    assert [ours[s] for s in (1, 2, 3)] == pytest.approx([torchs[s] for s in (1, 2, 3)], rel=2e-3)
 
 
 def test_generation_uses_them_where_training_does(monkeypatch):
