@@ -42,10 +42,15 @@ def within_bf16_rounding(ours: torch.Tensor, ref: torch.Tensor, ulps: int = 1) -
 
 
 def grads(fn, *inputs):
-    """Output of fn(*inputs) and the gradients of sum(output * fixed weights) for every input."""
+    """Output of fn(*inputs) and the gradients of sum(output * fixed weights) for every input (for a DTensor
+    output, the same weights laid out as the output)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*leaves)
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    if isinstance(out, DTensor):
+        weights = distribute_tensor(weights, out.device_mesh, out.placements)
     (out.float() * weights).sum().backward()
     return out, [t.grad for t in leaves]
 
@@ -109,11 +114,7 @@ def test_dtensor_operands_take_them(operands):
         mesh = init_device_mesh("cpu", (1,))
         dx, dw = distribute_tensor(x, mesh, [Replicate()]), distribute_tensor(w, mesh, [Shard(0)])
         assert cpu_bf16._applies(dx, dw)
-        dx, dw = dx.detach().requires_grad_(), dw.detach().requires_grad_()
-        out = cpu_bf16.linear(dx, dw)
-        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))  # as grads() weighs
-        (out.float() * distribute_tensor(weights, mesh, out.placements)).sum().backward()
-        gx, gw = dx.grad, dw.grad
+        out, (gx, gw) = grads(cpu_bf16.linear, dx, dw)
         assert "LinearInFp32" in type(out.grad_fn).__name__
         assert all(isinstance(t, DTensor) for t in (out, gx, gw))
         assert out.placements == (Shard(2),) and gw.placements == (Shard(0),)
