@@ -18,6 +18,16 @@ from torchtitan import gc_policy
 # 1.8 CPU-s less per pytest process (7.8 -> 6.0 s); resumed before the first test (pytest_collection_finish).
 gc_policy.pause()
 
+# One intra-op thread in every pytest process and, through the environment, in every process a test starts (unless
+# OMP_NUM_THREADS is already set). The suite runs three workers beside multi-rank runs on 2 cores: an in-process test
+# with torch's default of one thread per core spins in OpenMP's barriers whenever its other thread is descheduled.
+# Measured on a 2-core VM beside a 4-rank torchrun: the debug model's cached-greedy generation test 34 s with the
+# default 2 threads, 1.5 s with 1 (docs/testing.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 from torchtitan.launch import local_command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
