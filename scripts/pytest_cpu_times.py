@@ -42,7 +42,9 @@ def pytest_runtest_protocol(item, nextitem):
         "self": own2 - own,
         "children": kids2 - kids,
     }
-    with open(folder / f"cpu_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl", "a") as f:
+    # pytest-xdist's worker id from the config, not the environment, which a pytest started by a test inherits
+    worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
+    with open(folder / f"cpu_{worker}.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
 
 
