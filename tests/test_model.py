@@ -2,12 +2,15 @@
 
 import copy
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import ROOT
 from torchtitan.errors import UserError
 from torchtitan.models import MODELS, build_model_args
 from torchtitan.models.counter_init import _mix32_top_, as_int32, fill_normal, mix32
@@ -213,6 +216,29 @@ def test_init_same_on_meta_and_cpu_and_freqs_restored():
     assert torch.equal(meta.freqs_cis, precompute_freqs_cis(args))  # to_empty garbage was overwritten
     tokens = torch.randint(0, args.vocab_size, (2, 16))
     assert torch.equal(meta(tokens), cpu(tokens))
+
+
+def test_meta_build_skips_the_default_initializers_and_their_dynamo_import():
+    """On the meta device the constructors' initializers are skipped (torch's meta kernels for them import
+    torch._dynamo, ~1 s of an estimate's or a generation's start-up); on a real device they run as always."""
+    code = (
+        "import sys, torch\n"
+        "from torchtitan.models.llama3 import ModelArgs, Transformer\n"
+        "args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=16)\n"
+        "with torch.device('meta'):\n"
+        "    meta = Transformer(args)\n"
+        "assert 'torch._dynamo' not in sys.modules, 'the meta build imported torch._dynamo'\n"
+        "shapes = {k: (tuple(v.shape), v.dtype) for k, v in meta.state_dict().items()}\n"
+        "cpu = Transformer(args)\n"
+        "assert shapes == {k: (tuple(v.shape), v.dtype) for k, v in cpu.state_dict().items()}\n"
+        "std = cpu.tok_embeddings.weight.std().item()\n"
+        "assert 0.9 < std < 1.1, std  # nn.Embedding's own N(0, 1), not uninitialized memory\n"
+        "bound = 1 / 64 ** 0.5\n"
+        "w = cpu.output.weight\n"
+        "assert w.abs().max().item() <= bound and w.std().item() > 0.5 * bound / 3 ** 0.5  # nn.Linear's U(+-1/sqrt(in))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 class FakeCheckpointWrapper(nn.Module):

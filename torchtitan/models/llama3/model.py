@@ -19,6 +19,7 @@ Things the parallel code may rely on:
     shard wq/wk/wv column-wise and the local tensors just carry fewer heads.
 """
 
+import contextlib
 import math
 import re
 from collections.abc import Callable
@@ -275,6 +276,16 @@ def normalize_fqn(fqn: str) -> str:
 # -------------------------------------------------------------------------------------------------------- model
 
 
+class _NoDefaultInit(torch.overrides.TorchFunctionMode):
+    """torch.nn.init's initializers (which module constructors call) return their tensor untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
+
+
 class Transformer(nn.Module):
     # The tied output projection's kernel: None is F.linear; the parallel code may set a drop-in (as Attention.sdpa)
     tied_linear = None
@@ -282,15 +293,19 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
-        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        # Tied embeddings: no `output` module at all; forward multiplies by tok_embeddings.weight. One parameter
-        # under one name keeps state dicts, DCP and FSDP simple. With FSDP, keep tok_embeddings in the root's
-        # parameter group (do not fully_shard it alone), so its weight is still unsharded at the output matmul.
-        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
-        # Not persistent: derived from args, so it is neither checkpointed nor loaded.
-        self.register_buffer("freqs_cis", precompute_freqs_cis(args), persistent=False)
+        # Built on the meta device (the usual path), nn.Embedding's and nn.Linear's default initializers compute
+        # nothing, yet torch runs their meta kernels through Python references whose first call imports
+        # torch._dynamo (~1 s of start-up): they are skipped there; init_weights sets every weight.
+        with _NoDefaultInit() if torch.get_default_device().type == "meta" else contextlib.nullcontext():
+            self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+            self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+            self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+            # Tied embeddings: no `output` module at all; forward multiplies by tok_embeddings.weight. One parameter
+            # under one name keeps state dicts, DCP and FSDP simple. With FSDP, keep tok_embeddings in the root's
+            # parameter group (do not fully_shard it alone), so its weight is still unsharded at the output matmul.
+            self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+            # Not persistent: derived from args, so it is neither checkpointed nor loaded.
+            self.register_buffer("freqs_cis", precompute_freqs_cis(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor, cache_step: CacheStep | None = None) -> torch.Tensor:
         """tokens [B, S] int64 -> logits [B, S, vocab] in the compute dtype (the trainer upcasts for the loss).
