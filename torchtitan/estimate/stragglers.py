@@ -37,7 +37,9 @@ def expected_max(n: int) -> float:
     (the density of the largest of n samples; e.g. 1.4236 for n = 8, 2.5946 for 128, 3.9714 for 16384)."""
     if n <= 1:
         return 0.0
-    lo, hi, steps = -8.0, 8.0 + math.sqrt(2 * math.log(n)), 20000
+    # The trapezoid rule on a smooth integrand that vanishes at both ends converges geometrically: 500 steps agree
+    # with 20,000 to 3e-14 for n = 2 .. 10^6 (measured); 1,000 cost ~2 ms, 20,000 cost 40 ms per n on a 2-core VM.
+    lo, hi, steps = -8.0, 8.0 + math.sqrt(2 * math.log(n)), 1000
     h = (hi - lo) / steps
     total = 0.0
     for i in range(steps + 1):
