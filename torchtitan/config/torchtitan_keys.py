@@ -13,6 +13,7 @@ docs/configuration.md "Coming from torchtitan" lists them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,13 +255,14 @@ def flatten(toml: dict) -> dict[str, Any]:
     return out
 
 
-def _our_keys() -> set[str]:
+@functools.cache  # the schema is fixed: read once (get_type_hints compiles every annotation each call: 0.4 ms)
+def _our_keys() -> frozenset[str]:
     from .job_config import JobConfig
 
     hints = typing.get_type_hints(JobConfig)
-    return {
+    return frozenset(
         f"{f.name}.{g.name}" for f in dataclasses.fields(JobConfig) for g in dataclasses.fields(hints[f.name])
-    }
+    )
 
 
 def torchtitan_keys_in(toml: dict) -> list[str]:
