@@ -242,11 +242,43 @@ def test_float8_share_is_the_float8_modules():
 
 
 def test_hardware_table_covers_the_issue_parts():
-    for key in ("A100", "H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL", "B200", "L40S", "MI300X"):
+    for key in (
+        "A100",
+        "H100 SXM",
+        "H100 PCIe",
+        "H100 NVL",
+        "H200",
+        "H200 NVL",
+        "B200",
+        "GB200",
+        "L40S",
+        "MI300X",
+    ):
         s = DEVICE_SPECS[key]
         assert s.bf16_tflops and s.memory_gib and s.hbm_gbps and s.intra_node_gbps and s.inter_node_gbps, key
     assert device_spec("a100-40gb").memory_gib == 40 and device_spec("a100-40gb").hbm_gbps == 1555
     assert device_spec("cpu") is ESTIMATOR_SPECS["CPU"]
+
+
+def test_gb200_nvlink_domain_is_the_rack():
+    """A GB200 NVL72 rack is one NVLink domain: FSDP over 64 GPUs rings over NVLink at the intra-node rate, where
+    64 B200s (8 a node) ring over the network; a GB200 NVL4 board is --estimate.devices_per_node=4. Its GEMMs are
+    not Hopper's static persistent kernels."""
+    from torchtitan.estimate import collectives
+
+    def plan(hw, *extra):
+        return build_plan(
+            parse_args([*EIGHT_B, f"--estimate.hardware={hw}", "--estimate.num_devices=64", *extra])
+        )
+
+    gb200, b200 = plan("gb200"), plan("b200")
+    assert collectives.group_layout(gb200, 64, 1) == (64, 1)
+    assert collectives.group_layout(b200, 64, 1) == (8, 8)
+    assert collectives.busbw(gb200, 1.0, 0.1, 64, 1) == 1.0
+    assert collectives.busbw(b200, 1.0, 0.1, 64, 1) == pytest.approx(0.8)  # 8 NICs of 0.1 per node
+    assert collectives.group_layout(plan("gb200", "--estimate.devices_per_node=4"), 64, 1) == (4, 16)
+    assert "GB200" not in collectives.STATIC_PERSISTENT_GEMM_DEVICES
+    assert device_spec("NVIDIA GB200").bf16_tflops == 2500.0
 
 
 def test_every_hardware_field_is_overridable():

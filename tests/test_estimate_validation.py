@@ -748,6 +748,30 @@ def test_b200_rates_reproduce_their_measurements():
     assert h100_fa2 == pytest.approx(370.0)
 
 
+def test_gb200_rates_reproduce_their_measurement():
+    """The GB200's float8 GEMM at 8192^3 is Azure's cuBLASLt measurement (2,876.6 TFLOPS), bf16 that times the B200
+    MAMFs' bf16 / FP8 ratio; the same method's H100 / H200 figures at 8192^3 (1,290.1 / 1,300.6) are within 1 % of
+    the Hopper float8 rate here, which is what makes the GB200 figure usable as a sustained rate. Attention runs at
+    the B200's measured TFLOPS (not scaled by the datasheets' 2,500 / 2,250), cuDNN first (sm100)."""
+    from torchtitan.estimate import rates
+
+    assert 5000.0 * rates.gemm_efficiency("GB200", "fp8", 8192, 8192, 8192) == pytest.approx(2876.6, rel=1e-9)
+    bf16 = 2500.0 * rates.gemm_efficiency("GB200", "bf16", 8192, 8192, 8192)
+    assert bf16 == pytest.approx(2876.6 * 1745.0 / 3432.5, rel=1e-9)
+    assert (
+        1420.0 < bf16 < 1420.0 * 2500.0 / 2250.0
+    )  # above the B200's measured rate, below the datasheet ratio
+    hopper_fp8_8192 = 1978.0 * rates.gemm_efficiency("H100 SXM", "fp8", 8192, 8192, 8192)
+    for azure in (1290.1, 1300.6):
+        assert hopper_fp8_8192 == pytest.approx(azure, rel=0.01)
+    for seq in (2048, 8192, 32768):
+        for backward in (False, True):
+            gb200 = 2500.0 * rates.attention_fraction("GB200", seq, backward)
+            assert gb200 == pytest.approx(2250.0 * rates.attention_fraction("B200", seq, backward), rel=1e-9)
+    assert rates.attention_backend("GB200") == "cudnn"
+    assert rates.power_factor("GB200", 1200.0) == 1.0 and rates.power_factor("GB200", 1000.0) < 1.0
+
+
 def test_hopper_attention_by_backend_and_head_dim():
     """On Hopper the SDPA kernel's rates are the measured curves of its backend and head dim at the measured lengths
     (FA2 at head dims 64 and 128 and cuDNN at 64: the FlashAttention-3 paper's H100 bars; cuDNN at 128: cuDNN 9.19
@@ -775,7 +799,7 @@ def test_hopper_attention_by_backend_and_head_dim():
     mid = tflops("H200", 8192, False, False, 2**6.5, "cudnn")
     assert mid == pytest.approx((412.0 + 691.0) / 2)
     assert tflops("H200", 8192, False, False, 256, "cudnn") == pytest.approx(691.0)
-    for device in ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL", "B200"):
+    for device in ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL", "B200", "GB200"):
         assert rates.attention_backend(device) == "cudnn"
     for device in ("A100", "A100 40GB", "L40S", "MI300X"):
         assert rates.attention_backend(device) == "flash"

@@ -441,7 +441,7 @@ class Estimate:
     attention_backend: Literal["auto", "flash", "cudnn"] = opt(
         "auto",
         "the SDPA kernel a run uses: auto = what torch >= 2.11 picks with the cuDNN its wheel bundles (9.19 > 9.15:"
-        " cuDNN on Hopper and B200, FlashAttention-2 elsewhere); flash = FlashAttention-2 (torch's choice on Hopper"
+        " cuDNN on Hopper, B200 and GB200, FlashAttention-2 elsewhere); flash = FlashAttention-2 (torch's choice on Hopper"
         " before 2.9, for runs on older software); cudnn = cuDNN attention",
     )
     sac_saves_attention: bool = opt(

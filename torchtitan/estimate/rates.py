@@ -4,8 +4,8 @@ Nothing here is chosen by fitting the training-throughput rows of tests/estimate
 published microbenchmark or vendor figure (cited beside it) or follows from one by a stated physical rule.
 
   GEMM      a sustained large-GEMM rate of the device and dtype at a reference shape (the MAMF shape search's best,
-            replaced where a sustained measurement exists: the A100 and B200 at 8192^3, the 700 W Hopper parts at
-            mamf-finder's Maximum Sustainable Matmul FLOPS), times a shape factor (wave quantization of the output
+            replaced where a sustained measurement exists: the A100, B200 and GB200 at 8192^3, the 700 W Hopper
+            parts at mamf-finder's Maximum Sustainable Matmul FLOPS), times a shape factor (wave quantization of the output
             tiles over the SMs, and the pipeline prologue/epilogue of a tile's K loop) relative to the reference
             shape, times a power factor for parts run below their TDP.
   float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure). rowwise: the CUTLASS rowwise
@@ -16,7 +16,8 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
   attention the SDPA kernel's forward and backward TFLOPS by sequence length: on Hopper cuDNN attention (torch's
             choice there since 2.11's bundled cuDNN) or FlashAttention-2 (older torch), by head dim 64 / 128, from
             the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
-            published plateaus; B200: torch SDPA's cuDNN backend, measured on a B200; the same power factor.
+            published plateaus; B200 and GB200: torch SDPA's cuDNN backend, measured on a B200 (the GB200 at the
+            B200's TFLOPS); the same power factor.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ class GemmSource:
     tdp_w: float  # the power limit the MAMF was measured at (the part's TDP)
 
 
+B200_MAMF_BF16, B200_MAMF_FP8 = 1745.0, 3432.5
 GEMM_SOURCES: dict[str, GemmSource] = {
     "A100": GemmSource(271.2, None, (1024, 10240, 5120), 312.0, None, 108, 400.0),
     "H100 SXM": GemmSource(794.5, 1402.6, (2048, 2048, 13312), 989.0, 1978.0, 132, 700.0),
     "H200": GemmSource(794.5, 1453.4, (2048, 2048, 13312), 989.0, 1978.0, 132, 700.0),
-    "B200": GemmSource(1745.0, 3432.5, (1792, 16128, 3072), 2250.0, 4500.0, 148, 1000.0),
+    "B200": GemmSource(B200_MAMF_BF16, B200_MAMF_FP8, (1792, 16128, 3072), 2250.0, 4500.0, 148, 1000.0),
     "MI300X": GemmSource(668.4, None, (10240, 15360, 8192), 1307.0, 2615.0, 304, 750.0),
 }
 # Parts without a published MAMF take the fraction of their architecture's measured part (an assumption, listed in
@@ -122,6 +124,23 @@ _with_fp8_at("MI300X", MI300X_FP8_8192, 8192, 8192, 8192)
 # figure becomes the rate at the reference shape and at every shape the tiling model puts at or above it.)
 B200_BF16_8192 = 1420.0
 GEMM_SOURCES["B200"] = dataclasses.replace(GEMM_SOURCES["B200"], bf16_tflops=B200_BF16_8192)
+
+# GB200 (the B200's GPU in a Grace Blackwell superchip, 1,200 W): Azure's AI-benchmarking-guide, "Azure ND GB200 v6
+# Benchmark Results" (Azure/AI-benchmarking-guide and its forks, Azure_Results; driver 570.133.20, CUDA 12.8): FP8
+# GEMMs through cuBLASLt (superbench's cublaslt_gemm) with random inputs after 10,000 warm-up iterations, 2876.6
+# TFLOPS at 8192^3 (2895.6 at 6144x12288x12288, 2906.9 at 16384^3; 2624.5 at 8192^3 in the guide's earlier run on
+# driver 570.99). The method measures what the rates here mean: on its ND H100 v5 and ND H200 v5 (700 W) it gives
+# 1290.1 / 1300.6 TFLOPS at 8192^3 and 1351.4 / 1318.0 at 6144x12288x12288, where this file's Hopper float8 rate
+# (the MSMF below) gives 1296 and 1330. No GB200 bf16 GEMM figure was found: bf16 is the FP8 figure times the
+# Blackwell bf16 / FP8 ratio of the B200's two MAMFs (1745.0 / 3432.5: the same shape search, the dtype the only
+# change), 1462 TFLOPS at 8192^3, 3 % above the B200's measured 1420 there (not the datasheets' 11 %: 2,500 vs
+# 2,250 TFLOPS). Both figures are referred to 8192^3, the shape measured. SMs: the B200's 148 (NVIDIA publishes no
+# count for the GB200; an assumption).
+GB200_FP8_8192 = 2876.6
+GB200_BF16_8192 = GB200_FP8_8192 * B200_MAMF_BF16 / B200_MAMF_FP8
+GEMM_SOURCES["GB200"] = GemmSource(
+    GB200_BF16_8192, GB200_FP8_8192, (8192, 8192, 8192), 2500.0, 5000.0, 148, 1200.0
+)
 
 # A100 bf16 at training shapes, by the same rule: its MAMF (271.2 at 1024x10240x5120) is the best of a shape search,
 # and the ordinary large shape does not reach it. Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster
@@ -438,7 +457,7 @@ HOPPER_ATTENTION_DEVICES = ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 N
 # on Hopper: torch 2.5.0 put cuDNN first on H100 and 2.5.1 made it opt-in again (pytorch/pytorch#138522 after
 # #139298); the nightly of 2024-12 chose flash (pytorch/pytorch#142132, torch 2.6.0.dev20241204, H100).
 # --estimate.attention_backend=flash prices such a run.
-CUDNN_FIRST_DEVICES = (*HOPPER_ATTENTION_DEVICES, "B200")
+CUDNN_FIRST_DEVICES = (*HOPPER_ATTENTION_DEVICES, "B200", "GB200")
 
 
 def _hopper_at(seq: float, backward: bool, causal: bool, head_dim: int, backend: str) -> float:
@@ -487,7 +506,12 @@ def fwd_bwd_tflops(tflops_at, seq: float) -> float:
 B200_ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 B200_CUDNN_FWD = (66.28, 216.11, 525.475, 897.309, 1211.14, 1358.566, 1435.072, 1428.973, 1348.674)
 B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387, 1074.456, 1037.897)
-B200_PEAK = 2250.0
+# The GB200 (sm100 too) runs the same kernels at the B200's absolute rates, not 11 % above them as the datasheets'
+# peaks would have it: Azure's AI-benchmarking-guide times FlashAttention-2 (its benchmark_flash_attention.py, head
+# dim 128, batch 2 x 8192) at 373.9 TFLOPS on a GB200 and 327.9 on an H100 (x 1.14, one method), and the B200's
+# FlashAttention-2 above (376 forward at 8K) is x 1.13 the H100 forward of FA2_H100_FWD_CAUSAL at 8K (333). So both
+# parts take these curves as TFLOPS (attention_fraction divides by each part's own peak).
+BLACKWELL_ATTENTION_DEVICES = ("B200", "GB200")
 
 
 def attention_sustained_factor(device: str) -> float:
@@ -497,7 +521,8 @@ def attention_sustained_factor(device: str) -> float:
 
 def attention_backend(device: str, requested: str = "auto") -> str:
     """The SDPA backend a run on `device` uses: "cudnn" or "flash" (FlashAttention-2). auto: cuDNN on the parts
-    whose datacenter compute capability torch prefers it on (sm90 Hopper, sm100 B200), FlashAttention-2 elsewhere."""
+    whose datacenter compute capability torch prefers it on (sm90 Hopper, sm100 B200 and GB200), FlashAttention-2
+    elsewhere."""
     if requested != "auto":
         return requested
     return "cudnn" if device in CUDNN_FIRST_DEVICES else "flash"
@@ -514,12 +539,11 @@ def attention_fraction(
     """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length,
     with the SDPA backend `backend` (auto: attention_backend's choice for the device)."""
     backend = attention_backend(device, backend)
-    if device == "B200":
+    if device in BLACKWELL_ATTENTION_DEVICES:
+        peak = GEMM_SOURCES[device].table_peak
         if backend == "cudnn":  # cuDNN attention (above), measured causal
-            return _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD) / B200_PEAK
-        return (
-            _h100_tflops(seq, backward, causal) / B200_PEAK
-        )  # FA2's mma.sync kernels: about the H100's TFLOPS
+            return _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD) / peak
+        return _h100_tflops(seq, backward, causal) / peak  # FA2's mma.sync kernels: about the H100's TFLOPS
     if device in HOPPER_ATTENTION_DEVICES:
         return _hopper_tflops(seq, backward, causal, head_dim, backend) / 989.0
     frac = _h100_tflops(seq, backward, causal) / 989.0

@@ -56,6 +56,14 @@ class DeviceSpec:
 #   B200:      NVIDIA HGX B200 datasheet: 8 GPUs give FP16/BF16 36 PF* and FP8 72 PF* -> per GPU dense
 #              2.25 PF BF16 and 4.5 PF FP8; 180 GB and 8 TB/s HBM3e per GPU (64 TB/s for 8); NVLink 5 1.8 TB/s
 #              -> 900; 400 Gb/s ConnectX-7 per GPU -> 50 GB/s.
+#   GB200:     NVIDIA GB200 NVL72 (nvidia.com/en-us/data-center/gb200-nvl72; the DGX GB200 page gives the same):
+#              72 GPUs give FP16/BF16 360 PF* and FP8 720 PF* -> per GPU dense 2.5 PF BF16 and 5 PF FP8 (the
+#              Blackwell datasheet's GB200 configuration, 1,200 W, against the HGX B200's 1,000 W); 13.4 TB and
+#              576 TB/s HBM3e -> 186 GB and 8 TB/s per GPU; NVLink 5 1.8 TB/s -> 900, and the NVLink domain is the
+#              whole rack: 72 GPUs share the switch fabric (devices_per_node = 72, the estimator's "node" being the
+#              NVLink domain; a GB200 NVL4 board or a job split over racks: --estimate.devices_per_node); 400 Gb/s
+#              per GPU between racks (ConnectX-7, as on the HGX B200; assumed) -> 50 GB/s. torch names the part
+#              "NVIDIA GB200" (compute capability 10.0).
 #   MI300X:    AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense, FP8 2,614.9 TF dense, 192 GB HBM3
 #              5.3 TB/s; Infinity Fabric: 7 links x 64 GB/s each way to the 7 peers of an 8-GPU node -> 448;
 #              400 Gb/s per GPU -> 50 GB/s.
@@ -72,6 +80,7 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         DeviceSpec("H200 NVL", 835.0, 2 * 835.0, 141.0, 4800.0, 64.0, 25.0),
         DeviceSpec("L40S", 362.0, 733.0, 48.0, 864.0, 32.0, 25.0),
         DeviceSpec("B200", 2250.0, 4500.0, 180.0, 8000.0, 900.0, 50.0),
+        DeviceSpec("GB200", 2500.0, 5000.0, 186.0, 8000.0, 900.0, 50.0, devices_per_node=72),
         DeviceSpec("MI300X", 1307.0, 2615.0, 192.0, 5300.0, 448.0, 50.0),
     ]
 }
@@ -90,7 +99,7 @@ ESTIMATOR_SPECS: dict[str, DeviceSpec] = {
 
 # What torch.cuda.get_device_name() returns, matched against the WHOLE (whitespace-normalised, case-folded)
 # string. Full matches mean a longer or different name never slips in: "NVIDIA RTX A1000" is not an A100,
-# "NVIDIA L40" is not an L40S, "NVIDIA GB200" is not a B200, "NVIDIA H800" is not an H100, and a MIG slice
+# "NVIDIA L40" is not an L40S, "NVIDIA GB300" is not a GB200, "NVIDIA H800" is not an H100, and a MIG slice
 # ("NVIDIA A100-SXM4-40GB MIG 1g.5gb") owns only a fraction of the device's SMs, so it is measured instead.
 # The vendor prefix is optional for NVIDIA because older drivers report e.g. "A100-SXM4-40GB".
 _NV = r"(nvidia )?"
@@ -107,6 +116,7 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     (_NV + r"h200( sxm\d?)?" + _MEM + r"( hbm3e)?", "H200"),
     (_NV + r"l40s", "L40S"),
     (_NV + r"b200" + _MEM + r"( hbm3e)?", "B200"),
+    (_NV + r"gb200" + _MEM, "GB200"),  # the GPU of a Grace Blackwell superchip: its own peak, not the B200's
     # "VF" is the SR-IOV name cloud VMs see for a whole passed-through MI300X.
     (r"(amd )?(instinct )?mi300x( vf)?", "MI300X"),
 ]
