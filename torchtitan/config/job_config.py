@@ -389,11 +389,13 @@ class Estimate:
     )
     hardware: str = opt(
         "h100-sxm",
-        "device to plan for: a100, a100-40gb, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, b200, l40s, mi300x,"
-        " cpu (cpu: peak and bandwidths measured here)",
+        "device to plan for: a100, a100-40gb, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, b200, gb200, l40s,"
+        " mi300x, cpu (cpu: peak and bandwidths measured here)",
     )
     num_devices: int = opt(8, "devices (ranks) of the planned run; the parallel degrees must multiply to it")
-    devices_per_node: int | None = opt(None, "devices per node; None = the hardware's (8 for GPUs)")
+    devices_per_node: int | None = opt(
+        None, "devices sharing a node's fabric; None = the hardware's (8 for GPUs, 72 for a GB200 NVL72 rack)"
+    )
     total_tokens: float | None = opt(
         None, "training tokens of the whole run, for gpu_hours and days (e.g. 15e12)"
     )
