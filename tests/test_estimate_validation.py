@@ -917,19 +917,28 @@ def test_mi300x_ring_bandwidth_follows_its_links():
     assert collectives.busbw(plan, r.intra, r.inter, 2, 1) == r.intra
 
 
-def test_docs_error_bars_by_kind_are_the_scripts(capsys):
-    """docs/estimate.md's "By device family and layout kind" table is what scripts/estimate_validation.py --by-kind
-    prints now (the error bar each estimate reports for its own case): regenerate it when the estimates move."""
+def test_docs_tables_are_the_scripts():
+    """docs/estimate.md's three validation tables (in-sample, cross-validated with their summary lines, and the error
+    bars by device family and layout kind that each estimate reports for its own case) are what
+    scripts/estimate_validation.py makes of the reference rows now: `--write-docs` regenerates them when the estimates
+    move, and rewriting them from the current rows leaves the page unchanged."""
     import re
     import sys
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from estimate_validation import print_by_kind
+    import estimate_validation as ev
 
-    print_by_kind(CV)
-    printed = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
     docs = (ROOT / "docs" / "estimate.md").read_text()
-    section = re.search(r"#### By device family and layout kind\n\n((?:\|.*\n)+)", docs)
+    ins = table(REF)
+    for title, rows in ((ev.IN_SAMPLE, ins), (ev.CROSS_VALIDATED, CV)):
+        section = re.search(rf"#### {re.escape(title)}\n\n((?:\|.*\n)+)\n(.*)\n", docs)
+        assert section, f"docs/estimate.md lacks the table '{title}'"
+        assert section.group(1).splitlines() == ev.rows_table(rows), title
+        assert section.group(2) == ev.summary(rows), title
+    section = re.search(rf"#### {ev.BY_KIND}\n\n((?:\|.*\n)+)", docs)
     assert section, "docs/estimate.md lacks the by-kind table"
-    assert section.group(1).splitlines() == printed
-    assert any("| tokens/s/device | Hopper | data parallel |" in x for x in printed)
+    assert section.group(1).splitlines() == ev.by_kind_table(CV)
+    assert any("| tokens/s/device | Hopper | data parallel |" in x for x in ev.by_kind_table(CV))
+    rewritten = ev.replace_table(docs, ev.IN_SAMPLE, ev.rows_table(ins), ev.summary(ins))
+    rewritten = ev.replace_table(rewritten, ev.CROSS_VALIDATED, ev.rows_table(CV), ev.summary(CV))
+    assert ev.replace_table(rewritten, ev.BY_KIND, ev.by_kind_table(CV)) == docs
