@@ -242,19 +242,9 @@ def test_float8_share_is_the_float8_modules():
 
 
 def test_hardware_table_covers_the_issue_parts():
-    for key in (
-        "A100",
-        "H100 SXM",
-        "H100 PCIe",
-        "H100 NVL",
-        "H200",
-        "H200 NVL",
-        "B200",
-        "GB200",
-        "L40S",
-        "MI300X",
-    ):
-        s = DEVICE_SPECS[key]
+    issue_parts = {"A100", "H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL", "B200", "L40S", "MI300X"}
+    assert issue_parts <= set(DEVICE_SPECS)
+    for key, s in DEVICE_SPECS.items():  # every part of the table, the issue's and those added since (GB200)
         assert s.bf16_tflops and s.memory_gib and s.hbm_gbps and s.intra_node_gbps and s.inter_node_gbps, key
     assert device_spec("a100-40gb").memory_gib == 40 and device_spec("a100-40gb").hbm_gbps == 1555
     assert device_spec("cpu") is ESTIMATOR_SPECS["CPU"]
