@@ -80,9 +80,8 @@ def replace_table(text: str, title: str, lines: list[str], new_summary: str | No
     if old is None:
         raise SystemExit(f"{DOCS}: the '#### {title}' section does not start with a table")
     text = text[: old.start()] + "\n".join(lines) + "\n" + text[old.end() :]
-    if new_summary is not None:
-        after = old.start() + len("\n".join(lines)) + 1
-        line = re.compile(r"^\d+ of \d+ figures within their goal;.*$", re.M).search(text, after)
+    if new_summary is not None:  # the first summary line after the table (table lines start with "|")
+        line = re.compile(r"^\d+ of \d+ figures within their goal;.*$", re.M).search(text, old.start())
         if line is None:
             raise SystemExit(f"{DOCS}: no summary line after the '#### {title}' table")
         text = text[: line.start()] + new_summary + text[line.end() :]

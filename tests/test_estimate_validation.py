@@ -73,7 +73,8 @@ _B200 = (
     " save list of then (no cuDNN SDPA op in it); float8 GEMMs at the GB200's sustained 2,877 TFLOPS (Azure; the MAMF's"
     " 3,432.5 until session 27: tensorwise +131.2 -> +114.1 %, rowwise +147.4 -> +130.7 %). Published step times exceed"
     " the estimates by 0.464 s (bf16), 0.419 s (tensorwise) and 0.537 s (rowwise) of 0.79-0.99 s: the bf16 - tensorwise"
-    " difference is about predicted (0.200 s published, 0.155 s estimated) but a near-constant ~0.45 s per step is in neither the kernel rates found nor"
+    " difference is about predicted (0.200 s published, 0.155 s estimated) but a near-constant ~0.45 s per step is"
+    " in neither the kernel rates found nor"
     " the model (FSDP's whole traffic at NVLink 5 is ~0.08 s); what it is (power-capped clocks below the H100 rule,"
     " host overhead, NCCL of then on B200) is not published: not explained"
 )
@@ -761,9 +762,8 @@ def test_gb200_rates_reproduce_their_measurement():
     assert 5000.0 * rates.gemm_efficiency("GB200", "fp8", 8192, 8192, 8192) == pytest.approx(2876.6, rel=1e-9)
     bf16 = 2500.0 * rates.gemm_efficiency("GB200", "bf16", 8192, 8192, 8192)
     assert bf16 == pytest.approx(2876.6 * 1745.0 / 3432.5, rel=1e-9)
-    assert (
-        1420.0 < bf16 < 1420.0 * 2500.0 / 2250.0
-    )  # above the B200's measured rate, below the datasheet ratio
+    # above the B200's measured rate, below the datasheets' ratio
+    assert 1420.0 < bf16 < 1420.0 * 2500.0 / 2250.0
     hopper_fp8_8192 = 1978.0 * rates.gemm_efficiency("H100 SXM", "fp8", 8192, 8192, 8192)
     for azure in (1290.1, 1300.6):
         assert hopper_fp8_8192 == pytest.approx(azure, rel=0.01)

@@ -8,12 +8,12 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             parts at mamf-finder's Maximum Sustainable Matmul FLOPS), times a shape factor (wave quantization of
             the output tiles over the SMs, and the pipeline prologue/epilogue of a tile's K loop) relative to the
             reference shape, times a power factor for parts run below their TDP.
-  float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure, or a sustained measurement where one
-            exists: the 700 W Hopper parts, the GB200 and, bounded by it, the B200, the MI300X). rowwise: the
-            CUTLASS rowwise kernel in the forward, and in the backward cuBLAS with unit scales plus a separate
-            rescale pass of the output (torchao does this because the CUTLASS kernel without fast accumulation is
-            slow). On Hopper with compiled blocks a rowwise linear is priced as a whole by torchao's measured
-            speedup table over bf16 (ROWWISE_SPEEDUP, by forward M, K, N).
+  float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure, or a measurement at a stated shape
+            where one exists: the 700 W Hopper parts, the GB200 and, bounded by it, the B200, the MI300X).
+            rowwise: the CUTLASS rowwise kernel in the forward, and in the backward cuBLAS with unit scales plus a
+            separate rescale pass of the output (torchao does this because the CUTLASS kernel without fast
+            accumulation is slow). On Hopper with compiled blocks a rowwise linear is priced as a whole by torchao's
+            measured speedup table over bf16 (ROWWISE_SPEEDUP, by forward M, K, N).
   attention the SDPA kernel's forward and backward TFLOPS by sequence length: on Hopper cuDNN attention (torch's
             choice there since 2.11's bundled cuDNN) or FlashAttention-2 (older torch), by head dim 64 / 128, from
             the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
