@@ -69,21 +69,27 @@ def print_by_kind(rows: list[dict]) -> None:
     print(f"### {BY_KIND}\n", *by_kind_table(rows), "", sep="\n")
 
 
+def _fail(what: str) -> None:
+    """One line naming the file and what is missing in it, exit 2 (the project's bad-input convention)."""
+    sys.stderr.write(f"error: {DOCS}: {what}\n")
+    sys.exit(2)
+
+
 def replace_table(text: str, title: str, lines: list[str], new_summary: str | None = None) -> str:
     """`text` (docs/estimate.md) with the table under the heading `#### title` replaced by `lines`, and the summary
     line that follows it by `new_summary`."""
     heading = re.search(rf"^#### {re.escape(title)}\n\n", text, re.M)
     if heading is None:
-        raise SystemExit(f"{DOCS}: no '#### {title}' section")
+        _fail(f"no '#### {title}' section")
     table_re = re.compile(r"(?:\|.*\n)+")
     old = table_re.match(text, heading.end())
     if old is None:
-        raise SystemExit(f"{DOCS}: the '#### {title}' section does not start with a table")
+        _fail(f"the '#### {title}' section does not start with a table")
     text = text[: old.start()] + "\n".join(lines) + "\n" + text[old.end() :]
     if new_summary is not None:  # the first summary line after the table (table lines start with "|")
         line = re.compile(r"^\d+ of \d+ figures within their goal;.*$", re.M).search(text, old.start())
         if line is None:
-            raise SystemExit(f"{DOCS}: no summary line after the '#### {title}' table")
+            _fail(f"no summary line after the '#### {title}' table")
         text = text[: line.start()] + new_summary + text[line.end() :]
     return text
 
