@@ -271,6 +271,30 @@ def test_gb200_nvlink_domain_is_the_rack():
     assert device_spec("NVIDIA GB200").bf16_tflops == 2500.0
 
 
+def test_blackwell_ultra_parts():
+    """B300 and GB300 plan like their Blackwell siblings (the same GEMM rates, the GB300's rack one NVLink domain of
+    72) with their own memory, NICs and attention: the B300's 270 GB hold what a B200 cannot, an 800 Gb/s NIC per
+    GPU halves the time of FSDP's traffic between nodes, and Blackwell Ultra's attention is faster than Blackwell's."""
+    from torchtitan.estimate import collectives
+
+    def plan(hw, *extra):
+        return build_plan(parse_args([*EIGHT_B, f"--estimate.hardware={hw}", *extra]))
+
+    gb300, b300, b200 = plan("gb300", "--estimate.num_devices=64"), plan("b300"), plan("b200")
+    assert collectives.group_layout(gb300, 64, 1) == (64, 1)
+    assert device_spec("gb300").devices_per_node == 72 and device_spec("b300").devices_per_node == 8
+    assert device_spec("b300").memory_gib == 270.0 and device_spec("gb300").memory_gib == 279.0
+    assert device_spec("b300").inter_node_gbps == 2 * device_spec("b200").inter_node_gbps
+    assert "GB300" not in collectives.STATIC_PERSISTENT_GEMM_DEVICES
+    # a batch that overflows a B200's 180 GB fits a B300
+    big = ("--training.local_batch_size=4", "--activation_checkpoint.mode=none")  # ~255 GB a GPU
+    assert not estimate(*EIGHT_B, *big, "--estimate.hardware=b200")["fits"]
+    assert estimate(*EIGHT_B, *big, "--estimate.hardware=b300")["fits"]
+    faster = estimate(*EIGHT_B, "--estimate.hardware=b300")["step_time_s"]
+    assert faster < estimate(*EIGHT_B, "--estimate.hardware=b200")["step_time_s"]
+    assert b300.hw.name == "B300" and b200.hw.name == "B200"
+
+
 def test_every_hardware_field_is_overridable():
     cfg = parse_args(["--estimate.hardware=h100-sxm", "--estimate.peak_tflops=800", "--estimate.memory_gib=89.4",
                       "--estimate.hbm_bandwidth_gbps=2400", "--estimate.intra_node_bandwidth_gbps=300",

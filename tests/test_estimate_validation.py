@@ -775,6 +775,41 @@ def test_gb200_rates_reproduce_their_measurement():
     assert rates.power_factor("GB200", 1200.0) == 1.0 and rates.power_factor("GB200", 1000.0) < 1.0
 
 
+def test_blackwell_ultra_rates_reproduce_their_sources():
+    """GB300: Azure's cuBLASLt FP8 figure at 8192^3 (3,286.3 TFLOPS), bf16 by the GB200's rule; B300: the B200's rates
+    raised by the power rule to 1,100 W (its MAMFs are the B200's), the rule predicting the GB200 -> GB300 gain within
+    3 % of Azure's two measurements. Attention: the Blackwell curve times the GB300 / GB200 ratio measured with cuDNN
+    9.19 (cudnn-frontend df73764) at each length, constant outside the measured lengths; cuDNN first (sm103)."""
+    from torchtitan.estimate import rates
+
+    at_8192 = (8192, 8192, 8192)
+    assert 5000.0 * rates.gemm_efficiency("GB300", "fp8", *at_8192) == pytest.approx(3286.3, rel=1e-9)
+    assert 2500.0 * rates.gemm_efficiency("GB300", "bf16", *at_8192) == pytest.approx(
+        3286.3 * 1745.0 / 3432.5
+    )
+    gain = (1100.0 / 1000.0) ** rates.POWER_EXPONENT
+    for dtype in ("bf16", "fp8"):
+        for shape in (at_8192, (8192, 1024, 4096), (16384, 14336, 4096)):
+            b300, b200 = (rates.gemm_efficiency(d, dtype, *shape) for d in ("B300", "B200"))
+            assert b300 == pytest.approx(b200 * gain, rel=1e-9)
+    predicted = (1400.0 / 1200.0) ** rates.POWER_EXPONENT
+    assert predicted == pytest.approx(3286.3 / 2876.6, rel=0.03)
+    assert rates.B300_MAMF_BF16 / rates.B200_MAMF_BF16 == pytest.approx(1.0, abs=0.015)
+    assert rates.B300_MAMF_FP8 / rates.B200_MAMF_FP8 == pytest.approx(1.0, abs=0.025)
+    for ultra, sibling in (("B300", "B200"), ("GB300", "GB200")):
+        for seq, fwd, bwd in ((2048, 1266 / 1042, 906 / 836), (8192, 1887 / 1598, 1385 / 1311)):
+            for backward, ratio in ((False, fwd), (True, bwd)):
+                got = rates.attention_fraction(ultra, seq, backward) / rates.attention_fraction(
+                    sibling, seq, backward
+                )
+                assert got == pytest.approx(ratio, rel=1e-9), (ultra, seq, backward)
+        assert rates.attention_backend(ultra) == "cudnn"
+    for seq in (512, 1024):  # below the measured lengths: the 2K ratio
+        assert rates.blackwell_ultra_attention_gain(seq, False) == pytest.approx(1266 / 1042)
+    assert rates.blackwell_ultra_attention_gain(131072, True) == pytest.approx(1549 / 1473)
+    assert rates.power_factor("B300", 1100.0) == 1.0 and rates.power_factor("GB300", 1200.0) < 1.0
+
+
 def test_hopper_attention_by_backend_and_head_dim():
     """On Hopper the SDPA kernel's rates are the measured curves of its backend and head dim at the measured lengths
     (FA2 at head dims 64 and 128 and cuDNN at 64: the FlashAttention-3 paper's H100 bars; cuDNN at 128: cuDNN 9.19
@@ -802,7 +837,7 @@ def test_hopper_attention_by_backend_and_head_dim():
     mid = tflops("H200", 8192, False, False, 2**6.5, "cudnn")
     assert mid == pytest.approx((412.0 + 691.0) / 2)
     assert tflops("H200", 8192, False, False, 256, "cudnn") == pytest.approx(691.0)
-    for device in ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL", "B200", "GB200"):
+    for device in ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 NVL", "B200", "GB200", "B300", "GB300"):
         assert rates.attention_backend(device) == "cudnn"
     for device in ("A100", "A100 40GB", "L40S", "MI300X"):
         assert rates.attention_backend(device) == "flash"

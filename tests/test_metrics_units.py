@@ -42,6 +42,9 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         ("NVIDIA L40S", "L40S"),
         ("NVIDIA B200", "B200"),
         ("NVIDIA GB200", "GB200"),  # torch's name for a Grace Blackwell superchip's GPU
+        ("NVIDIA B300 SXM6 AC", "B300"),  # an HGX B300 GPU as torch and nvidia-smi name it
+        ("NVIDIA B300", "B300"),
+        ("NVIDIA GB300", "GB300"),  # Grace Blackwell Ultra
         ("AMD Instinct MI300X", "MI300X"),
         ("  nvidia   h100 80gb  hbm3 ", "H100 SXM"),  # whitespace and case do not matter
     ],
@@ -61,8 +64,9 @@ def test_match_real_device_names(name, key):
         "NVIDIA H100",  # ambiguous: SXM, PCIe or NVL
         "NVIDIA H800",
         "NVIDIA L40",
-        "NVIDIA GB300",  # Blackwell Ultra: another peak
-        "NVIDIA GB10",
+        "NVIDIA GB10",  # a DGX Spark's GPU, not a GB200 / GB300
+        "NVIDIA B300A",
+        "NVIDIA GB300 MIG 1g.35gb",  # a MIG slice
         "AMD Instinct MI300A",
         "NVIDIA GeForce RTX 4090",
         "",
@@ -73,13 +77,13 @@ def test_unknown_or_lookalike_names_do_not_match(name):
 
 
 def test_table_values_and_fp8():
-    for key in ("H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL", "B200", "GB200"):
+    for key in ("H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL", "B200", "GB200", "B300", "GB300"):
         spec = DEVICE_SPECS[key]
         assert spec.fp8_tflops == 2 * spec.bf16_tflops, key
     assert DEVICE_SPECS["A100"].fp8_tflops is None
     assert DEVICE_SPECS["L40S"].fp8_tflops == 733.0
     expected = {"A100": 312, "H100 SXM": 989, "H100 NVL": 835, "H100 PCIe": 756, "H200": 989}
-    expected |= {"L40S": 362, "B200": 2250, "GB200": 2500, "MI300X": 1307}
+    expected |= {"L40S": 362, "B200": 2250, "GB200": 2500, "B300": 2250, "GB300": 2500, "MI300X": 1307}
     for key, bf16 in expected.items():
         assert DEVICE_SPECS[key].bf16_tflops == bf16
     # every canonical key is reachable from at least one real name pattern

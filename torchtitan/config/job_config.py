@@ -389,12 +389,13 @@ class Estimate:
     )
     hardware: str = opt(
         "h100-sxm",
-        "device to plan for: a100, a100-40gb, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, b200, gb200, l40s,"
-        " mi300x, cpu (cpu: peak and bandwidths measured here)",
+        "device to plan for: a100, a100-40gb, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, b200, gb200, b300,"
+        " gb300, l40s, mi300x, cpu (cpu: peak and bandwidths measured here)",
     )
     num_devices: int = opt(8, "devices (ranks) of the planned run; the parallel degrees must multiply to it")
     devices_per_node: int | None = opt(
-        None, "devices sharing a node's fabric; None = the hardware's (8 for GPUs, 72 for a GB200 NVL72 rack)"
+        None,
+        "devices sharing a node's fabric; None = the hardware's (8 for GPUs, 72 for a GB200 / GB300 NVL72 rack)",
     )
     total_tokens: float | None = opt(
         None, "training tokens of the whole run, for gpu_hours and days (e.g. 15e12)"
@@ -443,7 +444,7 @@ class Estimate:
     attention_backend: Literal["auto", "flash", "cudnn"] = opt(
         "auto",
         "the SDPA kernel a run uses: auto = what torch >= 2.11 picks with the cuDNN its wheel bundles (9.19 > 9.15:"
-        " cuDNN on Hopper, B200 and GB200, FlashAttention-2 elsewhere); flash = FlashAttention-2 (torch's choice on Hopper"
+        " cuDNN on Hopper and Blackwell, FlashAttention-2 elsewhere); flash = FlashAttention-2 (torch's choice on Hopper"
         " before 2.9, for runs on older software); cudnn = cuDNN attention",
     )
     sac_saves_attention: bool = opt(

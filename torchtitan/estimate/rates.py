@@ -5,7 +5,8 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
 
   GEMM      a sustained large-GEMM rate of the device and dtype at a reference shape (the MAMF shape search's best,
             replaced where a sustained measurement exists: the A100, B200 and GB200 at 8192^3, the 700 W Hopper
-            parts at mamf-finder's Maximum Sustainable Matmul FLOPS), times a shape factor (wave quantization of
+            parts at mamf-finder's Maximum Sustainable Matmul FLOPS, the GB300 at 8192^3; the B300 the B200's raised
+            by the power rule to its limit), times a shape factor (wave quantization of
             the output tiles over the SMs, and the pipeline prologue/epilogue of a tile's K loop) relative to the
             reference shape, times a power factor for parts run below their TDP.
   float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure, or a measurement at a stated shape
@@ -18,7 +19,8 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             choice there since 2.11's bundled cuDNN) or FlashAttention-2 (older torch), by head dim 64 / 128, from
             the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
             published plateaus; B200 and GB200: torch SDPA's cuDNN backend, measured on a B200 (the GB200 at the
-            B200's TFLOPS); the same power factor.
+            B200's TFLOPS); B300 and GB300: that curve times the GB300 / GB200 ratio measured with one cuDNN (Blackwell
+            Ultra's doubled exponential units); the same power factor.
 """
 
 from __future__ import annotations
@@ -148,6 +150,7 @@ GEMM_SOURCES["GB200"] = GemmSource(
 # float8 rate is the GB200's 8192^3 figure, taken like its bf16 1420: the rate at its reference shape and above.
 GEMM_SOURCES["B200"] = dataclasses.replace(GEMM_SOURCES["B200"], fp8_tflops=GB200_FP8_8192)
 
+
 # A100 bf16 at training shapes, by the same rule: its MAMF (271.2 at 1024x10240x5120) is the best of a shape search,
 # and the ordinary large shape does not reach it. Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster
 # When Given 'Predictable' Data!" (thonking.ai, 2024): torch.mm through cuBLAS at 8192x8192x8192 on an A100 (SXM,
@@ -205,6 +208,30 @@ def power_exponent() -> float:
 
 
 POWER_EXPONENT = power_exponent()
+
+# Blackwell Ultra (B300, GB300): the same dense bf16 / FP8 tensor-core peaks as Blackwell (2,250 / 4,500 TFLOPS on
+# the HGX part, 2,500 / 5,000 in the NVL72 rack) at a higher power limit (1,100 W and 1,400 W against 1,000 and
+# 1,200). GB300: the Azure guide's method on its ND GB300 v6 (egmsft/AI-benchmarking-guide 18e80a2,
+# Azure_Results/ND_GB300_v6_results.md: CUDA 13.0, driver 580.82.07; cuBLASLt FP8, random inputs, 10,000 warm-ups)
+# gives 3286.3 TFLOPS at 8192^3 (3308.5 at 16384^3, 3279.5 at 6144x12288x12288), 1.142x the GB200's 2876.6; bf16 by
+# the same Blackwell ratio as the GB200's. B300: no sustained GEMM figure was found (its MAMFs, bf16 1769.0 at
+# 12288x18432x1024 and float8 3353.3 at 3072x6144x7168 on torch 2.9.1+cu130, are the B200's within 1.4 / 2.3 %: bursts,
+# which the power limit does not bind), so it takes the B200's sustained rates raised by the power rule to its limit,
+# (1100 / 1000) ** POWER_EXPONENT = 1.067. The rule's check on these parts: from the GB200 to the GB300 it predicts
+# (1400 / 1200) ** POWER_EXPONENT = 1.110 where Azure measured 1.142.
+B300_MAMF_BF16, B300_MAMF_FP8 = 1769.0, 3353.3
+GB300_FP8_8192 = 3286.3
+GEMM_SOURCES["GB300"] = dataclasses.replace(
+    GEMM_SOURCES["GB200"],
+    bf16_tflops=GB300_FP8_8192 * B200_MAMF_BF16 / B200_MAMF_FP8,
+    fp8_tflops=GB300_FP8_8192,
+    tdp_w=1400.0,
+)
+_b200 = GEMM_SOURCES["B200"]
+_b300_gain = (1100.0 / _b200.tdp_w) ** POWER_EXPONENT
+GEMM_SOURCES["B300"] = dataclasses.replace(
+    _b200, bf16_tflops=_b200.bf16_tflops * _b300_gain, fp8_tflops=_b200.fp8_tflops * _b300_gain, tdp_w=1100.0
+)
 
 
 def _hopper_burst_to_sustained() -> float:
@@ -463,7 +490,7 @@ HOPPER_ATTENTION_DEVICES = ("H100 SXM", "H100 PCIe", "H100 NVL", "H200", "H200 N
 # on Hopper: torch 2.5.0 put cuDNN first on H100 and 2.5.1 made it opt-in again (pytorch/pytorch#138522 after
 # #139298); the nightly of 2024-12 chose flash (pytorch/pytorch#142132, torch 2.6.0.dev20241204, H100).
 # --estimate.attention_backend=flash prices such a run.
-CUDNN_FIRST_DEVICES = (*HOPPER_ATTENTION_DEVICES, "B200", "GB200")
+CUDNN_FIRST_DEVICES = (*HOPPER_ATTENTION_DEVICES, "B200", "GB200", "B300", "GB300")  # sm90, sm100, sm103
 
 
 def _hopper_at(seq: float, backward: bool, causal: bool, head_dim: int, backend: str) -> float:
@@ -517,7 +544,33 @@ B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387,
 # dim 128, batch 2 x 8192) at 373.9 TFLOPS on a GB200 and 327.9 on an H100 (x 1.14, one method), and the B200's
 # FlashAttention-2 above (376 forward at 8K) is x 1.13 the H100 forward of FA2_H100_FWD_CAUSAL at 8K (333). So both
 # parts take these curves as TFLOPS (attention_fraction divides by each part's own peak).
-BLACKWELL_ATTENTION_DEVICES = ("B200", "GB200")
+# Blackwell Ultra doubles the SFUs' exponential throughput (NVIDIA, "Inside NVIDIA Blackwell Ultra", 2025: softmax's
+# MUFU.EX2 was the attention loop's bottleneck on Blackwell). Measured with one method and one cuDNN on both racks'
+# GPUs: NVIDIA/cudnn-frontend df73764 (2026-03-09), benchmark/sdpa_benchmark_training/results/gb200_919_only_cudnn/
+# llama3.1_20260226_174648.csv and gb300_919_only_cudnn/llama3.1_20260226_185510.csv (cuDNN 9.19, the cudnn Python
+# graph API; bf16, batch 1, 64 query / 8 KV heads, head dim 128, causal ("top_left"), 10 iterations; TFLOPS counted
+# as the H200 curves above), forward and backward by sequence length. Blackwell Ultra's attention is the Blackwell
+# curve in use times the GB300 / GB200 ratio of these two measurements at the same length (x 1.18 forward, x 1.06
+# backward at 8K): the ratio carries the hardware's gain, the Blackwell curve the software era the estimator prices
+# (cuDNN 9.10.2 there; GB200 at its own 9.19 curve, a what-if, would price the GB200 rows 5-6 points faster:
+# docs/estimate_log.md). The B300 takes the GB300's ratio (the same die; no HGX B300 measurement was found).
+BLACKWELL_ULTRA_SEQ = (2048, 4096, 8192, 16384, 32768)
+CUDNN919_GB200_FWD_CAUSAL = (1042.0, 1335.0, 1598.0, 1687.0, 1720.0)
+CUDNN919_GB200_BWD_CAUSAL = (836.0, 1132.0, 1311.0, 1402.0, 1473.0)
+CUDNN919_GB300_FWD_CAUSAL = (1266.0, 1672.0, 1887.0, 1968.0, 2014.0)
+CUDNN919_GB300_BWD_CAUSAL = (906.0, 1195.0, 1385.0, 1490.0, 1549.0)
+BLACKWELL_ULTRA_DEVICES = ("B300", "GB300")
+BLACKWELL_ATTENTION_DEVICES = ("B200", "GB200", *BLACKWELL_ULTRA_DEVICES)
+
+
+def blackwell_ultra_attention_gain(seq: float, backward: bool) -> float:
+    """GB300 / GB200 attention TFLOPS at this length (cuDNN 9.19, causal): constant below and above the measured
+    lengths (both curves are proportional below their first point and flat above their last)."""
+    if backward:
+        ultra, base = CUDNN919_GB300_BWD_CAUSAL, CUDNN919_GB200_BWD_CAUSAL
+    else:
+        ultra, base = CUDNN919_GB300_FWD_CAUSAL, CUDNN919_GB200_FWD_CAUSAL
+    return _interp_on(seq, BLACKWELL_ULTRA_SEQ, ultra) / _interp_on(seq, BLACKWELL_ULTRA_SEQ, base)
 
 
 def attention_sustained_factor(device: str) -> float:
@@ -527,8 +580,8 @@ def attention_sustained_factor(device: str) -> float:
 
 def attention_backend(device: str, requested: str = "auto") -> str:
     """The SDPA backend a run on `device` uses: "cudnn" or "flash" (FlashAttention-2). auto: cuDNN on the parts
-    whose datacenter compute capability torch prefers it on (sm90 Hopper, sm100 B200 and GB200), FlashAttention-2
-    elsewhere."""
+    whose datacenter compute capability torch prefers it on (sm90 Hopper, sm100 B200 / GB200, sm103 B300 / GB300),
+    FlashAttention-2 elsewhere."""
     if requested != "auto":
         return requested
     return "cudnn" if device in CUDNN_FIRST_DEVICES else "flash"
@@ -548,7 +601,10 @@ def attention_fraction(
     if device in BLACKWELL_ATTENTION_DEVICES:
         peak = GEMM_SOURCES[device].table_peak
         if backend == "cudnn":  # cuDNN attention (above), measured causal
-            return _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD) / peak
+            tflops = _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD)
+            if device in BLACKWELL_ULTRA_DEVICES:
+                tflops *= blackwell_ultra_attention_gain(seq, backward)
+            return tflops / peak
         return _h100_tflops(seq, backward, causal) / peak  # FA2's mma.sync kernels: about the H100's TFLOPS
     if device in HOPPER_ATTENTION_DEVICES:
         return _hopper_tflops(seq, backward, causal, head_dim, backend) / 989.0

@@ -64,6 +64,17 @@ class DeviceSpec:
 #              NVLink domain; a GB200 NVL4 board or a job split over racks: --estimate.devices_per_node); 400 Gb/s
 #              per GPU between racks (ConnectX-7, as on the HGX B200; assumed) -> 50 GB/s. torch names the part
 #              "NVIDIA GB200" (compute capability 10.0).
+#   B300:      NVIDIA HGX B300 (Blackwell Ultra; nvidia.com/en-us/data-center/hgx, and Verda's per-GPU table of
+#              NVIDIA's figures, "NVIDIA GB300 NVL72: GPU Architecture & Performance", 2025): 8 GPUs give FP16/BF16
+#              36 PF* and FP8 72 PF* -> per GPU dense 2.25 PF BF16 and 4.5 PF FP8 (the B200's; Blackwell Ultra raises
+#              NVFP4 and the SFUs' exponentials, not these); 288 GB HBM3e physical, 270 GB per GPU as NVIDIA lists it
+#              (nvidia-smi reports 275,040 MiB, 268.6 GiB), 8 TB/s; NVLink 5 1.8 TB/s -> 900; one 800 Gb/s
+#              ConnectX-8 per GPU -> 100 GB/s; 1,100 W. torch names it "NVIDIA B300 SXM6 AC" (compute capability
+#              10.3, 148 SMs).
+#   GB300:     NVIDIA GB300 NVL72 (nvidia.com/en-us/data-center/gb300-nvl72): FP8 360 PF dense for 72 GPUs -> 5 PF FP8
+#              and 2.5 PF BF16 dense per GPU (as the GB200); 20 TB and 576 TB/s HBM3e -> 279 GB and 8 TB/s per GPU;
+#              NVLink 5 900 each way, the NVLink domain the whole rack (devices_per_node = 72, as for the GB200); one
+#              800 Gb/s ConnectX-8 per GPU between racks -> 100 GB/s; 1,400 W. torch names it "NVIDIA GB300".
 #   MI300X:    AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense, FP8 2,614.9 TF dense, 192 GB HBM3
 #              5.3 TB/s; Infinity Fabric: 7 links x 64 GB/s each way to the 7 peers of an 8-GPU node -> 448;
 #              400 Gb/s per GPU -> 50 GB/s.
@@ -81,6 +92,8 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         DeviceSpec("L40S", 362.0, 733.0, 48.0, 864.0, 32.0, 25.0),
         DeviceSpec("B200", 2250.0, 4500.0, 180.0, 8000.0, 900.0, 50.0),
         DeviceSpec("GB200", 2500.0, 5000.0, 186.0, 8000.0, 900.0, 50.0, devices_per_node=72),
+        DeviceSpec("B300", 2250.0, 4500.0, 270.0, 8000.0, 900.0, 100.0),
+        DeviceSpec("GB300", 2500.0, 5000.0, 279.0, 8000.0, 900.0, 100.0, devices_per_node=72),
         DeviceSpec("MI300X", 1307.0, 2615.0, 192.0, 5300.0, 448.0, 50.0),
     ]
 }
@@ -117,6 +130,11 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     (_NV + r"l40s", "L40S"),
     (_NV + r"b200" + _MEM + r"( hbm3e)?", "B200"),
     (_NV + r"gb200" + _MEM, "GB200"),  # the GPU of a Grace Blackwell superchip: its own peak, not the B200's
+    (_NV + r"b300( sxm\d?)?( ac)?" + _MEM + r"( hbm3e)?", "B300"),  # "NVIDIA B300 SXM6 AC"
+    (
+        _NV + r"gb300" + _MEM,
+        "GB300",
+    ),  # Grace Blackwell Ultra: the GB200's dense peaks, its own power and memory
     # "VF" is the SR-IOV name cloud VMs see for a whole passed-through MI300X.
     (r"(amd )?(instinct )?mi300x( vf)?", "MI300X"),
 ]
