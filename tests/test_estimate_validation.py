@@ -810,6 +810,31 @@ def test_blackwell_ultra_rates_reproduce_their_sources():
     assert rates.power_factor("B300", 1100.0) == 1.0 and rates.power_factor("GB300", 1200.0) < 1.0
 
 
+def test_mi355x_rates_reproduce_their_measurements():
+    """MI355X: HipKittens' torch.matmul bf16 and hipBLASLt FP8 figures at 8192^3 (1,521.3 / 3,233.2 TFLOPS) and AITER's
+    MHA flash attention by sequence length (causal and not, forward and backward); FlashAttention-kind backend (no
+    cuDNN on ROCm); its mesh takes the MI300X's measured RCCL fraction with the link rule."""
+    from torchtitan.estimate import collectives, rates
+
+    assert 2516.6 * rates.gemm_efficiency("MI355X", "bf16", 8192, 8192, 8192) == pytest.approx(1521.3)
+    assert 5033.2 * rates.gemm_efficiency("MI355X", "fp8", 8192, 8192, 8192) == pytest.approx(3233.2)
+    assert rates.gemm_efficiency("MI355X", "bf16", 8192, 1024, 4096) < rates.gemm_efficiency(
+        "MI355X", "bf16", 8192, 8192, 8192
+    )
+    for backward, causal, at_8k in (
+        (False, True, 1173.2),
+        (False, False, 1259.3),
+        (True, True, 1034.1),
+        (True, False, 1166.8),
+    ):
+        assert 2516.6 * rates.attention_fraction("MI355X", 8192, backward, causal) == pytest.approx(at_8k)
+    assert 2516.6 * rates.attention_fraction("MI355X", 512, False) == pytest.approx(
+        554.6 / 2
+    )  # launch-bound below
+    assert rates.attention_backend("MI355X") == "flash"
+    assert collectives.intra_fraction("MI355X", 0.8) == collectives.intra_fraction("MI300X", 0.8)
+
+
 def test_hopper_attention_by_backend_and_head_dim():
     """On Hopper the SDPA kernel's rates are the measured curves of its backend and head dim at the measured lengths
     (FA2 at head dims 64 and 128 and cuDNN at 64: the FlashAttention-3 paper's H100 bars; cuDNN at 128: cuDNN 9.19

@@ -46,6 +46,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         ("NVIDIA B300", "B300"),
         ("NVIDIA GB300", "GB300"),  # Grace Blackwell Ultra
         ("AMD Instinct MI300X", "MI300X"),
+        ("AMD Instinct MI355X", "MI355X"),
         ("  nvidia   h100 80gb  hbm3 ", "H100 SXM"),  # whitespace and case do not matter
     ],
 )
@@ -68,6 +69,8 @@ def test_match_real_device_names(name, key):
         "NVIDIA B300A",
         "NVIDIA GB300 MIG 1g.35gb",  # a MIG slice
         "AMD Instinct MI300A",
+        "AMD Instinct MI350X",  # the MI355X's 1,000 W sibling: another peak
+        "AMD Instinct MI325X",
         "NVIDIA GeForce RTX 4090",
         "",
     ],
@@ -83,7 +86,15 @@ def test_table_values_and_fp8():
     assert DEVICE_SPECS["A100"].fp8_tflops is None
     assert DEVICE_SPECS["L40S"].fp8_tflops == 733.0
     expected = {"A100": 312, "H100 SXM": 989, "H100 NVL": 835, "H100 PCIe": 756, "H200": 989}
-    expected |= {"L40S": 362, "B200": 2250, "GB200": 2500, "B300": 2250, "GB300": 2500, "MI300X": 1307}
+    expected |= {
+        "L40S": 362,
+        "B200": 2250,
+        "GB200": 2500,
+        "B300": 2250,
+        "GB300": 2500,
+        "MI300X": 1307,
+        "MI355X": 2516.6,
+    }
     for key, bf16 in expected.items():
         assert DEVICE_SPECS[key].bf16_tflops == bf16
     # every canonical key is reachable from at least one real name pattern

@@ -5,9 +5,9 @@ docs/estimate.md "Validation") holds every published figure it was checked again
 comparable to the configuration being estimated -- the same device family and the same kind of layout
 (validation.layout_kind) -- and reports how far their estimates were from what was published (error = estimated /
 published - 1: positive means the estimate was too high). Families: Hopper (H100 and H200 parts), Ampere (A100),
-Blackwell (B200, GB200, B300, GB300), CDNA 3 (MI300X), CPU (compared on this project's calibrated CPU rows: step
-time and resident memory). When no row of the family has that layout kind, the family's rows of every layout are
-used, and when the family has none, every row; the result names the scope it used.
+Blackwell (B200, GB200, B300, GB300), CDNA 3 (MI300X), CDNA 4 (MI355X), CPU (compared on this project's calibrated
+CPU rows: step time and resident memory). When no row of the family has that layout kind, the family's rows of
+every layout are used, and when the family has none, every row; the result names the scope it used.
 
 The errors are the cross-validated ones (validation.cross_validated, the rows of the quantities compared): a
 training row is estimated with the shipped constants (none of training's is fitted), a decode row with the decode
@@ -28,6 +28,7 @@ FAMILIES = {
     "Ampere": ("A100", "A100 40GB"),
     "Blackwell": ("B200", "GB200", "B300", "GB300"),
     "CDNA 3": ("MI300X",),
+    "CDNA 4": ("MI355X",),
 }
 # the table's quantities a training / an inference / a CPU training estimate is compared on
 QUANTITIES = {"training": ("tokens/s/device", "memory GiB"), "inference": (validation.DECODE_QUANTITY,),

@@ -36,8 +36,8 @@ than GPUs (e.g. FSDP across nodes under TP 8) runs on fewer NICs; NCCL sizes its
 (busBw = nChannels x per-channel speed, tuning.cc), so it holds the ring's share of the intra-node bus
 bandwidth's channels.
 Switchless meshes (AMD MI300X: Infinity Fabric links of 64 GB/s each way to each of the 7 peers of an 8-GPU node,
-no switch) differ: a ring over n ranks of one node has only the (n - 1) links among them, so its bus bandwidth is
-(n - 1) / (GPUs per node - 1) of the whole node's. stas00/ml-engineering network/README.md (commit 744d01e)
+no switch; the MI355X's of 76.8) differ: a ring over n ranks of one node has only the (n - 1) links among them, so
+its bus bandwidth is (n - 1) / (GPUs per node - 1) of the whole node's. stas00/ml-engineering network/README.md (commit 744d01e)
 measured all-reduce bus bandwidth with a 4 GiB payload on an 8 x MI300X node: 312.912 GB/s on 8 GPUs, 47.671 on 2
 ("2 GPUs performed 6.5x slower than 8"). The 8-GPU figure sets the MI300X fraction of the datasheet bandwidth,
 312.912 / 448 = 0.70 (in place of Efficiency.intra_node); the link rule then gives 44.7 GB/s on 2 GPUs (measured
@@ -81,7 +81,10 @@ NCCL_CHANNELS_DEFAULT = 16
 STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"})
 # Devices whose node is a switchless full mesh, with the measured 8-GPU ring bus bandwidth as a fraction of the
 # datasheet per-device figure (448 GB/s = 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB.
-MESH_BUSBW_FRACTION = {"MI300X": 312.912 / 448.0}
+# The MI355X's mesh (7 x 76.8 GB/s each way) takes the MI300X's fraction: no RCCL bus bandwidth of a whole MI355X node
+# at a large payload was found (ROCm/mori#200's 326 / 333 GB/s reduce-scatter / all-gather at 128 MB a GPU do not
+# say whether they are bus or algorithm bandwidth; 0.70 x 537.6 = 376).
+MESH_BUSBW_FRACTION = {"MI300X": 312.912 / 448.0, "MI355X": 312.912 / 448.0}
 
 
 def intra_fraction(device: str, default: float) -> float:

@@ -4,7 +4,7 @@ Nothing here is chosen by fitting the training-throughput rows of tests/estimate
 published microbenchmark or vendor figure (cited beside it) or follows from one by a stated physical rule.
 
   GEMM      a sustained large-GEMM rate of the device and dtype at a reference shape (the MAMF shape search's best,
-            replaced where a sustained measurement exists: the A100, B200 and GB200 at 8192^3, the 700 W Hopper
+            replaced where a sustained measurement exists: the A100, B200, GB200 and MI355X at 8192^3, the 700 W Hopper
             parts at mamf-finder's Maximum Sustainable Matmul FLOPS, the GB300 at 8192^3; the B300 the B200's raised
             by the power rule to its limit), times a shape factor (wave quantization of
             the output tiles over the SMs, and the pipeline prologue/epilogue of a tile's K loop) relative to the
@@ -20,7 +20,8 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
             published plateaus; B200 and GB200: torch SDPA's cuDNN backend, measured on a B200 (the GB200 at the
             B200's TFLOPS); B300 and GB300: that curve times the GB300 / GB200 ratio measured with one cuDNN (Blackwell
-            Ultra's doubled exponential units); the same power factor.
+            Ultra's doubled exponential units); MI355X: AMD's AITER flash attention measured on an MI355X (an upper
+            bound for torch's SDPA there); the same power factor.
 """
 
 from __future__ import annotations
@@ -114,6 +115,17 @@ def _with_fp8_at(device: str, tflops: float, m: int, n: int, k: int) -> None:
 
 
 _with_fp8_at("MI300X", MI300X_FP8_8192, 8192, 8192, 8192)
+
+# MI355X (CDNA 4, 256 CUs, 1,400 W): HazyResearch/HipKittens f09e968 (arXiv 2511.08083), analysis/bf16_gemm/mi350x/
+# mi355x_bf16_gemm.json and analysis/fp8_gemm/mi350x/mi355x_fp8_gemm.json (docker rocm/7.0-preview:
+# rocm7.0_preview_pytorch_training_mi35x_beta, October 2025; 500 warm-ups and 100 timed iterations, torch.randn
+# inputs): torch.matmul bf16 1521.3 TFLOPS at 8192^3 (1559.8 at 16384^3; the MAMF table's 1565.0 at
+# 12288x8192x8192 agrees), hipBLASLt FP8 3233.2 at 8192^3 (3293.2 at 16384^3). Both referred to 8192^3, the shape
+# measured. The power limit is not stated and is taken as the part's 1,400 W.
+MI355X_BF16_8192, MI355X_FP8_8192 = 1521.3, 3233.2
+GEMM_SOURCES["MI355X"] = GemmSource(
+    MI355X_BF16_8192, MI355X_FP8_8192, (8192, 8192, 8192), 2516.6, 5033.2, 256, 1400.0
+)
 
 # B200 bf16 at training shapes: the MAMF (1745 at 1792x16128x3072, torch 2.7.1+cu128) is the best of a shape search,
 # and on the B200 ordinary large shapes do not reach it: torchao's bench_matmul.py on an NVIDIA B200 (pytorch/ao
@@ -418,6 +430,19 @@ FA2_A100_FWDBWD_CAUSAL = (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)
 FA2_MI300X_FWD_16K = 353.22
 FA2_MI300X_BWD_16K = 194.43
 MI300X_PEAK = 1307.0
+# MI355X: AMD's AITER flash attention (aiter.flash_attn_func), the reference the HipKittens paper measures against
+# (HazyResearch/HipKittens f09e968, analysis/attn/fwd/benchmark/mi355x_mha_{causal,non_causal}_fwd.json and
+# analysis/attn/bkwd/benchmark/mi355x_mha_bkwd_{causal,non_causal}.json: MI355X, bf16, head dim 128, batch 16 x 16
+# heads, the docker above; TFLOPS on causal-halved FLOPs, backward 2.5x the forward's, as the estimator counts them),
+# by sequence length. MHA, the shape of a kernel that reads each KV head once per query head (AITER's GQA backward is
+# much slower, 272 TFLOPS at 8K, and not what torch calls). torch's SDPA on ROCm runs AOTriton's or CK's kernels, not
+# AITER's, so these are an upper bound for SDPA, as CK's are on the MI300X.
+AITER_MI355X_SEQ = (1024, 2048, 4096, 8192, 16384)
+AITER_MI355X_FWD_CAUSAL = (554.6, 876.3, 1069.0, 1173.2, 1247.4)
+AITER_MI355X_FWD = (828.1, 1085.2, 1210.7, 1259.3, 1282.6)  # no mask
+AITER_MI355X_BWD_CAUSAL = (388.7, 673.1, 876.8, 1034.1, 1108.7)
+AITER_MI355X_BWD = (589.7, 867.6, 1056.0, 1166.8, 1201.2)  # no mask
+MI355X_PEAK = 2516.6
 
 
 def _interp_on(seq: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
@@ -608,6 +633,10 @@ def attention_fraction(
         return _h100_tflops(seq, backward, causal) / peak  # FA2's mma.sync kernels: about the H100's TFLOPS
     if device in HOPPER_ATTENTION_DEVICES:
         return _hopper_tflops(seq, backward, causal, head_dim, backend) / 989.0
+    if device == "MI355X":
+        curves = {(False, True): AITER_MI355X_FWD_CAUSAL, (False, False): AITER_MI355X_FWD,
+                  (True, True): AITER_MI355X_BWD_CAUSAL, (True, False): AITER_MI355X_BWD}  # fmt: skip
+        return _interp_on(seq, AITER_MI355X_SEQ, curves[(backward, causal)]) / MI355X_PEAK
     frac = _h100_tflops(seq, backward, causal) / 989.0
     if device in ("A100", "A100 40GB"):
         h100 = fwd_bwd_tflops(lambda x, b: _h100_tflops(x, b, True), seq)

@@ -78,6 +78,11 @@ class DeviceSpec:
 #   MI300X:    AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense, FP8 2,614.9 TF dense, 192 GB HBM3
 #              5.3 TB/s; Infinity Fabric: 7 links x 64 GB/s each way to the 7 peers of an 8-GPU node -> 448;
 #              400 Gb/s per GPU -> 50 GB/s.
+#   MI355X:    AMD Instinct MI355X (CDNA 4; amd.com/en/products/accelerators/instinct/mi350/mi355x.html): BF16 2.5 PF
+#              and OCP-FP8 5.0 PF dense (2,516.6 / 5,033.2 TF: 2,400 MHz x 1,024 matrix cores x 512 / 1,024 FMAs;
+#              10.1 PF is the sparse FP8 figure), 288 GB HBM3E 8 TB/s; Infinity Fabric: 7 links of 153.6 GB/s
+#              (1,075.2 GB/s peer-to-peer), 76.8 each way to each of the 7 peers of an 8-GPU node -> 537.6; 400 Gb/s
+#              per GPU assumed -> 50 GB/s; 1,400 W. torch names it "AMD Instinct MI355X".
 # Hopper's FP8 is exactly twice its BF16 (the project's convention rounds H100 SXM to 989), so the Hopper
 # FP8 figures are written as 2x.
 DEVICE_SPECS: dict[str, DeviceSpec] = {
@@ -95,6 +100,7 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         DeviceSpec("B300", 2250.0, 4500.0, 270.0, 8000.0, 900.0, 100.0),
         DeviceSpec("GB300", 2500.0, 5000.0, 279.0, 8000.0, 900.0, 100.0, devices_per_node=72),
         DeviceSpec("MI300X", 1307.0, 2615.0, 192.0, 5300.0, 448.0, 50.0),
+        DeviceSpec("MI355X", 2516.6, 5033.2, 288.0, 8000.0, 537.6, 50.0),
     ]
 }
 
@@ -137,6 +143,7 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     ),  # Grace Blackwell Ultra: the GB200's dense peaks, its own power and memory
     # "VF" is the SR-IOV name cloud VMs see for a whole passed-through MI300X.
     (r"(amd )?(instinct )?mi300x( vf)?", "MI300X"),
+    (r"(amd )?(instinct )?mi355x( vf)?", "MI355X"),
 ]
 
 
