@@ -35,13 +35,13 @@ as one node (A100's 24 by the same rule: an extrapolation). A ring with fewer of
 than GPUs (e.g. FSDP across nodes under TP 8) runs on fewer NICs; NCCL sizes its channels to its bandwidth
 (busBw = nChannels x per-channel speed, tuning.cc), so it holds the ring's share of the intra-node bus
 bandwidth's channels.
-Switchless meshes (AMD MI300X: Infinity Fabric links of 64 GB/s each way to each of the 7 peers of an 8-GPU node,
-no switch; the MI355X's of 76.8) differ: a ring over n ranks of one node has only the (n - 1) links among them, so
-its bus bandwidth is (n - 1) / (GPUs per node - 1) of the whole node's. stas00/ml-engineering network/README.md (commit 744d01e)
-measured all-reduce bus bandwidth with a 4 GiB payload on an 8 x MI300X node: 312.912 GB/s on 8 GPUs, 47.671 on 2
-("2 GPUs performed 6.5x slower than 8"). The 8-GPU figure sets the MI300X fraction of the datasheet bandwidth,
-312.912 / 448 = 0.70 (in place of Efficiency.intra_node); the link rule then gives 44.7 GB/s on 2 GPUs (measured
-47.7).
+Switchless meshes (AMD MI300X: Infinity Fabric links of 64 GB/s each way to each of the 7 peers of an 8-GPU node, no
+switch; the MI355X's of 76.8) differ: a ring over n ranks of one node has only the (n - 1) links among them, so its
+bus bandwidth is (n - 1) / (GPUs per node - 1) of the whole node's. stas00/ml-engineering network/README.md (commit
+744d01e) measured all-reduce bus bandwidth with a 4 GiB payload on an 8 x MI300X node: 312.912 GB/s on 8 GPUs,
+47.671 on 2 ("2 GPUs performed 6.5x slower than 8"). The 8-GPU figure sets the MI300X fraction of the datasheet
+bandwidth, 312.912 / 448 = 0.70 (in place of Efficiency.intra_node); the link rule then gives 44.7 GB/s on 2 GPUs
+(measured 47.7).
 Hopper's GEMMs lose more than their share of SMs beside a collective: cuBLAS launches them as persistent kernels,
 one CTA per SM (132 on an H100), with the output tiles divided among the CTAs at launch. pytorch/pytorch#143988
 (2024-12, FSDP on H100s): "the matmuls take 2x as long to complete when they are overlapped with a NCCL kernel",

@@ -4,11 +4,11 @@ Nothing here is chosen by fitting the training-throughput rows of tests/estimate
 published microbenchmark or vendor figure (cited beside it) or follows from one by a stated physical rule.
 
   GEMM      a sustained large-GEMM rate of the device and dtype at a reference shape (the MAMF shape search's best,
-            replaced where a sustained measurement exists: the A100, B200, GB200 and MI355X at 8192^3, the 700 W Hopper
-            parts at mamf-finder's Maximum Sustainable Matmul FLOPS, the GB300 at 8192^3; the B300 the B200's raised
-            by the power rule to its limit), times a shape factor (wave quantization of
-            the output tiles over the SMs, and the pipeline prologue/epilogue of a tile's K loop) relative to the
-            reference shape, times a power factor for parts run below their TDP.
+            replaced where a sustained measurement exists: the A100, B200, GB200, GB300 and MI355X at 8192^3, the
+            700 W Hopper parts at mamf-finder's Maximum Sustainable Matmul FLOPS; the B300 takes the B200's raised by
+            the power rule to its limit), times a shape factor (wave quantization of the output tiles over the SMs,
+            and the pipeline prologue/epilogue of a tile's K loop) relative to the reference shape, times a power
+            factor for parts run below their TDP.
   float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure, or a measurement at a stated shape
             where one exists: the 700 W Hopper parts, the GB200 and, bounded by it, the B200, the MI300X).
             rowwise: the CUTLASS rowwise kernel in the forward, and in the backward cuBLAS with unit scales plus a
@@ -161,7 +161,6 @@ GEMM_SOURCES["GB200"] = GemmSource(
 # the B200 does, and the B200's own bf16 ratio gives about the same (0.814 x 3432.5 = 2793, 3 % below). So the B200's
 # float8 rate is the GB200's 8192^3 figure, taken like its bf16 1420: the rate at its reference shape and above.
 GEMM_SOURCES["B200"] = dataclasses.replace(GEMM_SOURCES["B200"], fp8_tflops=GB200_FP8_8192)
-
 
 # A100 bf16 at training shapes, by the same rule: its MAMF (271.2 at 1024x10240x5120) is the best of a shape search,
 # and the ordinary large shape does not reach it. Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster

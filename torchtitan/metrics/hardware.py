@@ -137,10 +137,7 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     (_NV + r"b200" + _MEM + r"( hbm3e)?", "B200"),
     (_NV + r"gb200" + _MEM, "GB200"),  # the GPU of a Grace Blackwell superchip: its own peak, not the B200's
     (_NV + r"b300( sxm\d?)?( ac)?" + _MEM + r"( hbm3e)?", "B300"),  # "NVIDIA B300 SXM6 AC"
-    (
-        _NV + r"gb300" + _MEM,
-        "GB300",
-    ),  # Grace Blackwell Ultra: the GB200's dense peaks, its own power and memory
+    (_NV + r"gb300" + _MEM, "GB300"),  # Grace Blackwell Ultra: its own memory and power
     # "VF" is the SR-IOV name cloud VMs see for a whole passed-through MI300X.
     (r"(amd )?(instinct )?mi300x( vf)?", "MI300X"),
     (r"(amd )?(instinct )?mi355x( vf)?", "MI355X"),
