@@ -20,8 +20,7 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
             published plateaus; B200 and GB200: torch SDPA's cuDNN backend, measured on a B200 (the GB200 at the
             B200's TFLOPS); B300 and GB300: that curve times the GB300 / GB200 ratio measured with one cuDNN (Blackwell
-            Ultra's doubled exponential units); MI355X: AMD's AITER flash attention measured on an MI355X (an upper
-            bound for torch's SDPA there); the same power factor.
+            Ultra's doubled exponential units); MI355X: torch's SDPA measured on an MI355X; the same power factor.
 """
 
 from __future__ import annotations
@@ -429,18 +428,19 @@ FA2_A100_FWDBWD_CAUSAL = (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)
 FA2_MI300X_FWD_16K = 353.22
 FA2_MI300X_BWD_16K = 194.43
 MI300X_PEAK = 1307.0
-# MI355X: AMD's AITER flash attention (aiter.flash_attn_func), the reference the HipKittens paper measures against
-# (HazyResearch/HipKittens f09e968, analysis/attn/fwd/benchmark/mi355x_mha_{causal,non_causal}_fwd.json and
-# analysis/attn/bkwd/benchmark/mi355x_mha_bkwd_{causal,non_causal}.json: MI355X, bf16, head dim 128, batch 16 x 16
-# heads, the docker above; TFLOPS on causal-halved FLOPs, backward 2.5x the forward's, as the estimator counts them),
-# by sequence length. MHA, the shape of a kernel that reads each KV head once per query head (AITER's GQA backward is
-# much slower, 272 TFLOPS at 8K, and not what torch calls). torch's SDPA on ROCm runs AOTriton's or CK's kernels, not
-# AITER's, so these are an upper bound for SDPA, as CK's are on the MI300X.
-AITER_MI355X_SEQ = (1024, 2048, 4096, 8192, 16384)
-AITER_MI355X_FWD_CAUSAL = (554.6, 876.3, 1069.0, 1173.2, 1247.4)
-AITER_MI355X_FWD = (828.1, 1085.2, 1210.7, 1259.3, 1282.6)  # no mask
-AITER_MI355X_BWD_CAUSAL = (388.7, 673.1, 876.8, 1034.1, 1108.7)
-AITER_MI355X_BWD = (589.7, 867.6, 1056.0, 1166.8, 1201.2)  # no mask
+# MI355X: torch's own SDPA, measured beside AMD's AITER kernels by the HipKittens paper (HazyResearch/HipKittens f09e968,
+# arXiv 2511.08083: the "PyTorch SDPA" baselines of analysis/attn/fwd/plot.py and analysis/attn/bkwd/plot.py; MI355X,
+# the docker of the GEMM figures above, bf16, batch 16 x 16 heads, head dim 128, MHA; TFLOPS on causal-halved FLOPs,
+# backward 2.5x the forward's, as the estimator counts them), by sequence length. torch's SDPA on ROCm runs AOTriton's
+# flash kernels (CK's when torch.backends.cuda.preferred_rocm_fa_library("ck") is set), which this trainer and
+# torchtitan call; at 8K causal they sustain 630 forward and 224 backward where AITER's own kernels reach 1173 and 1034
+# (analysis/attn/*/benchmark/mi355x_mha_*.json of the same commit: the ceiling, not what torch runs). The torch
+# version inside the docker and the backend SDPA chose are not stated.
+SDPA_MI355X_SEQ = (1024, 2048, 4096, 8192, 16384)
+SDPA_MI355X_FWD_CAUSAL = (54.8, 246.4, 421.8, 630.4, 761.6)
+SDPA_MI355X_FWD = (452.9, 579.4, 593.9, 821.8, 872.8)  # no mask
+SDPA_MI355X_BWD_CAUSAL = (109.51, 156.71, 142.82, 224.01, 259.14)
+SDPA_MI355X_BWD = (220.27, 273.06, 301.24, 309.30, 311.66)  # no mask
 MI355X_PEAK = 2516.6
 
 
@@ -633,9 +633,9 @@ def attention_fraction(
     if device in HOPPER_ATTENTION_DEVICES:
         return _hopper_tflops(seq, backward, causal, head_dim, backend) / 989.0
     if device == "MI355X":
-        curves = {(False, True): AITER_MI355X_FWD_CAUSAL, (False, False): AITER_MI355X_FWD,
-                  (True, True): AITER_MI355X_BWD_CAUSAL, (True, False): AITER_MI355X_BWD}  # fmt: skip
-        return _interp_on(seq, AITER_MI355X_SEQ, curves[(backward, causal)]) / MI355X_PEAK
+        curves = {(False, True): SDPA_MI355X_FWD_CAUSAL, (False, False): SDPA_MI355X_FWD,
+                  (True, True): SDPA_MI355X_BWD_CAUSAL, (True, False): SDPA_MI355X_BWD}  # fmt: skip
+        return _interp_on(seq, SDPA_MI355X_SEQ, curves[(backward, causal)]) / MI355X_PEAK
     frac = _h100_tflops(seq, backward, causal) / 989.0
     if device in ("A100", "A100 40GB"):
         h100 = fwd_bwd_tflops(lambda x, b: _h100_tflops(x, b, True), seq)
