@@ -272,9 +272,9 @@ def test_gb200_nvlink_domain_is_the_rack():
 
 
 def test_blackwell_ultra_parts():
-    """B300 and GB300 plan like their Blackwell siblings (the same GEMM rates, the GB300's rack one NVLink domain of
-    72) with their own memory, NICs and attention: the B300's 270 GB hold what a B200 cannot, an 800 Gb/s NIC per
-    GPU halves the time of FSDP's traffic between nodes, and Blackwell Ultra's attention is faster than Blackwell's."""
+    """B300 and GB300 plan like their Blackwell siblings (the GB300's rack one NVLink domain of 72, no persistent-GEMM
+    rule) with their own memory, NICs and rates: the B300's 270 GB hold what a B200's 180 cannot, its 800 Gb/s NIC per
+    GPU is twice the B200's, and its step is faster than the B200's (power rule, Blackwell Ultra's attention)."""
     from torchtitan.estimate import collectives
 
     def plan(hw, *extra):
