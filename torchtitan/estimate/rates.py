@@ -54,6 +54,9 @@ class GemmSource:
 
 
 B200_MAMF_BF16, B200_MAMF_FP8 = 1745.0, 3432.5
+# Blackwell's bf16 / FP8 rate ratio: the B200's two MAMFs, the same shape search with the dtype the only change
+# (the GB200's and GB300's bf16 rates from their measured FP8 ones, below)
+BLACKWELL_BF16_PER_FP8 = B200_MAMF_BF16 / B200_MAMF_FP8
 GEMM_SOURCES: dict[str, GemmSource] = {
     "A100": GemmSource(271.2, None, (1024, 10240, 5120), 312.0, None, 108, 400.0),
     "H100 SXM": GemmSource(794.5, 1402.6, (2048, 2048, 13312), 989.0, 1978.0, 132, 700.0),
@@ -150,7 +153,7 @@ GEMM_SOURCES["B200"] = dataclasses.replace(GEMM_SOURCES["B200"], bf16_tflops=B20
 # 2,250 TFLOPS). Both figures are referred to 8192^3, the shape measured. SMs: the B200's 148 (NVIDIA publishes no
 # count for the GB200; an assumption).
 GB200_FP8_8192 = 2876.6
-GB200_BF16_8192 = GB200_FP8_8192 * B200_MAMF_BF16 / B200_MAMF_FP8
+GB200_BF16_8192 = GB200_FP8_8192 * BLACKWELL_BF16_PER_FP8
 GEMM_SOURCES["GB200"] = GemmSource(
     GB200_BF16_8192, GB200_FP8_8192, (8192, 8192, 8192), 2500.0, 5000.0, 148, 1200.0
 )
@@ -233,7 +236,7 @@ B300_MAMF_BF16, B300_MAMF_FP8 = 1769.0, 3353.3
 GB300_FP8_8192 = 3286.3
 GEMM_SOURCES["GB300"] = dataclasses.replace(
     GEMM_SOURCES["GB200"],
-    bf16_tflops=GB300_FP8_8192 * B200_MAMF_BF16 / B200_MAMF_FP8,
+    bf16_tflops=GB300_FP8_8192 * BLACKWELL_BF16_PER_FP8,
     fp8_tflops=GB300_FP8_8192,
     tdp_w=1400.0,
 )
@@ -441,7 +444,6 @@ SDPA_MI355X_FWD_CAUSAL = (54.8, 246.4, 421.8, 630.4, 761.6)
 SDPA_MI355X_FWD = (452.9, 579.4, 593.9, 821.8, 872.8)  # no mask
 SDPA_MI355X_BWD_CAUSAL = (109.51, 156.71, 142.82, 224.01, 259.14)
 SDPA_MI355X_BWD = (220.27, 273.06, 301.24, 309.30, 311.66)  # no mask
-MI355X_PEAK = 2516.6
 
 
 def _interp_on(seq: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
@@ -635,7 +637,7 @@ def attention_fraction(
     if device == "MI355X":
         curves = {(False, True): SDPA_MI355X_FWD_CAUSAL, (False, False): SDPA_MI355X_FWD,
                   (True, True): SDPA_MI355X_BWD_CAUSAL, (True, False): SDPA_MI355X_BWD}  # fmt: skip
-        return _interp_on(seq, SDPA_MI355X_SEQ, curves[(backward, causal)]) / MI355X_PEAK
+        return _interp_on(seq, SDPA_MI355X_SEQ, curves[(backward, causal)]) / GEMM_SOURCES[device].table_peak
     frac = _h100_tflops(seq, backward, causal) / 989.0
     if device in ("A100", "A100 40GB"):
         h100 = fwd_bwd_tflops(lambda x, b: _h100_tflops(x, b, True), seq)
