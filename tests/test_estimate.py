@@ -1210,6 +1210,19 @@ def test_a_cpu_peak_given_by_hand_is_taken_as_sustained():
     assert r["hardware"]["bf16_tflops"] == 0.2
 
 
+def test_a_layout_the_trainer_refuses_on_a_cpu_is_refused_with_its_line():
+    """No estimate of a plan the trainer would not run: context parallel on a CPU stops with the trainer's own
+    one-line error (session 29's held-out CP configuration), and the same plan on an H100 is estimated."""
+    cp = ["--parallelism.context_parallel_degree=2", "--training.seq_len=1024", "--estimate.num_devices=2"]
+    with pytest.raises(
+        UserError,
+        match=r"context_parallel_degree=2: context parallel needs CUDA .* set context_parallel_degree=1",
+    ):
+        estimate(*cp, "--estimate.hardware=cpu", "--estimate.peak_tflops=0.2", "--estimate.hbm_bandwidth_gbps=10",
+                 "--estimate.intra_node_bandwidth_gbps=1")  # fmt: skip
+    assert estimate(*H100, *cp)["layout"]["cp"] == 2
+
+
 def test_float8_tensorwise_tp_all_gathers_are_priced_at_one_byte():
     """torchao's float8 TP styles (the trainer's TP plan for tensorwise Float8Linear blocks on GPUs) all-gather
     float8: the four sequence-parallel all-gathers of a block at 1 byte per element, the reduce-scatters at 2;
