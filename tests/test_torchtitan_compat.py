@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 
 import pytest
 from tokenizer_assets import write_hf_folder, write_tiktoken_file
@@ -247,6 +249,36 @@ def test_did_you_mean_answers_torchtitan_names_with_their_equivalent(option, ans
         parse_args([f"--{option}=1"])
     msg = str(e.value)
     assert answer in msg and never not in msg, msg
+
+
+def test_torchtitans_registry_launch_names_the_shipped_file(tmp_path):
+    """torchtitan's launch since its config registry (`--module llama3 --config llama3_8b`, pytorch/torchtitan#2386)
+    gets one line naming the file shipped here for that run, every named file exists, and an entry without a
+    counterpart lists the shipped ones; the trainer: that line alone, exit 2, no traceback, nothing written."""
+    from torchtitan.config.torchtitan_keys import REGISTRY_COUNTERPARTS
+
+    for entry, shipped in REGISTRY_COUNTERPARTS.items():
+        assert (ROOT / shipped).is_file(), shipped
+        with pytest.raises(ConfigError) as e:
+            parse_args(["--module", "llama3", "--config", entry, "--training.steps", "10"])
+        msg = str(e.value)
+        assert f"'--module llama3 --config {entry}' is torchtitan's config registry" in msg
+        assert f"--job.config_file={shipped}" in msg and msg.count("--job.config_file=") == 1
+    with pytest.raises(
+        ConfigError, match=r"--config llama3_8b_mxfp8' .* shipped: train_configs/debug_model.toml"
+    ):
+        parse_args(["--config=llama3_8b_mxfp8"])
+    r = subprocess.run(
+        [sys.executable, "train.py", "--module", "llama3", "--config", "llama3_8b", f"--job.dump_folder={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        "error: command line: '--module llama3 --config llama3_8b' is torchtitan's config registry (its launch since"
+        " pytorch/torchtitan#2386, Feb 2026), which this trainer does not read; the file shipped here for that run is"
+        " --job.config_file=train_configs/llama3_8b.toml (docs/configuration.md, 'Coming from torchtitan')"
+    ]
+    assert not any(tmp_path.iterdir())
 
 
 def test_our_own_typos_still_get_did_you_mean():

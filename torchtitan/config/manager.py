@@ -191,6 +191,9 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     """Build the JobConfig from defaults, then the TOML file (if any), then the command line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pairs = _split_cli(argv)
+    registry = torchtitan_keys.registry_hint(dict(pairs))
+    if registry:
+        raise ConfigError(f"command line: {registry}")
     cfg = JobConfig()
 
     config_file = None

@@ -289,3 +289,36 @@ def hint(name: str) -> str | None:
 def suggested_output(path: str) -> str:
     p = Path(path)
     return str(p.with_name(p.stem + "_converted.toml"))
+
+
+# torchtitan's launch since PR #2386: `--module llama3 --config llama3_8b` names a function of its Python config
+# registry (torchtitan/models/llama3/config_registry.py at b5bcd76, 2026-08), not a file. Its Llama 3 training
+# entries and the file shipped here for the same model and layout (their settings are this trainer's defaults, not
+# the registry's: the registry of 2026 has options the TOML files never had, e.g. its chunked loss and Grain loader).
+REGISTRY_FLAGS = ("module", "config")
+REGISTRY_COUNTERPARTS = {
+    "llama3_debugmodel": "train_configs/debug_model.toml",
+    "llama3_8b": "train_configs/llama3_8b.toml",
+    "llama3_70b": "train_configs/llama3_70b.toml",
+    "llama3_405b": "train_configs/llama3_405b.toml",
+}
+
+
+def registry_hint(flags: dict[str, str]) -> str | None:
+    """One line for torchtitan's registry launch among the command line's flags (`--module X --config Y`), or None
+    when neither flag is there."""
+    given = {k: flags[k] for k in REGISTRY_FLAGS if k in flags}
+    if not given:
+        return None
+    shown = " ".join(f"--{k} {v}" for k, v in given.items())
+    counterpart = REGISTRY_COUNTERPARTS.get(given.get("config", ""))
+    if counterpart:
+        use = f"the file shipped here for that run is --job.config_file={counterpart}"
+    else:
+        use = "pass a TOML file: --job.config_file=<file>; shipped: " + ", ".join(
+            REGISTRY_COUNTERPARTS.values()
+        )
+    return (
+        f"'{shown}' is torchtitan's config registry (its launch since pytorch/torchtitan#2386, Feb 2026), which"
+        f" this trainer does not read; {use} (docs/configuration.md, 'Coming from torchtitan')"
+    )
