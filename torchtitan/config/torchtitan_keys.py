@@ -1,4 +1,5 @@
-"""torchtitan's TOML config names and what each one is here: the table behind the parser and the converter.
+"""torchtitan's TOML config names (and its registry's Llama 3 entries) and what each one is here: the table behind
+the parser and the converter.
 
 torchtitan (github.com/pytorch/torchtitan) configured runs with TOML files until PR #2386 (Feb 2026) replaced
 them with Python config registries; v0.2.2 is its last release with TOML. Its llama3 files come in three eras
