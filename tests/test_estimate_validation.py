@@ -301,19 +301,20 @@ _CPU_DEEP_PROBE = _CPU_DEPTHS + (
 _CPU_LARGE_TP2 = _CPU_DEEP_PROBE + (
     ": debugmodel_large on TP 2 at 4 x 256, 0.707 s measured, 0.872 estimated (+23.5 %): the probe stepped 0.147 s"
     " with 1 block and 0.355 s with 3 (0.104 s a block) where the trainer's 8-block runs imply 0.080 s a block; the"
-    " model alone -12.2 %: not fixed"
+    " model alone -12.2 %: not fixed (measured again in session 29 on a host of the same GEMM peak: -6.8 %)"
 )
 _CPU_PP_GPIPE = _CPU_DEEP_PROBE + (
     ": the debug model with 8 layers on PP 2 with GPipe, 0.477 s measured, 0.643 estimated (+34.8 %): the probe"
     " stepped 0.163 s with 2 blocks and 0.483 s with 6, as long as the trainer's own 8-layer runs, where the same"
     " configuration's probe gave 0.381 s with 6 blocks an hour earlier (estimate then -2.6 %); the model alone"
-    " +20.6 %: not fixed"
+    " +20.6 %: not fixed (measured again in session 29 on a host of the same GEMM peak: +3.9 %)"
 )
 _CPU_HELDOUT2_MEM = _CPU_DEPTHS + (
     ": debugmodel_large's peak RSS, -13.0 % on FSDP 2 + full AC at 4 x 256 and -10.8 % replicated at 2 x 256"
     " (-12.6 / -11.1 % as first measured in session 22), where the debug model's 2-process rows are within 0.4-7.1"
-    " %; the heap retention is measured on one block per stage and the tensors beyond it take the 0.19 ratio: not"
-    " explained"
+    " %; the heap retention is measured on one block per stage and the tensors beyond it take the 0.19 ratio. Their"
+    " calibrations predate the probe's peaks at two depths (memory.measured_rss): measured again in session 29 with"
+    " them, +0.2 / +3.1 %, and -10.4 / -11.8 % by the same calibrations without them, as these rows"
 )
 _CPU_HELDOUT4_MEM = (
     "debugmodel_large on FSDP 2 at 1 x 1024, measured in session 24 on a Zen 3 VM without bf16 instructions"
@@ -321,14 +322,15 @@ _CPU_HELDOUT4_MEM = (
     " debugmodel_large peak outside; its calibration predates the probe's peaks at two depths (memory.measured_rss),"
     " whose line gives 1.120 (-8.9 %): the heap keeps growing after the probe's 12 steps (a trainer run: 1.09-1.14"
     " GiB over steps 1-12, up to 1.21 over steps 13-30; docs/estimate_log.md, 'CPU peak memory measured at two"
-    " depths')"
+    " depths'); measured again in session 29 on the Zen 5 host with the peaks at two depths: -5.6 %"
 )
 _CPU_HELDOUT5_STEP = (
     "debugmodel_large replicated 2 + full AC at 4 x 256, measured in session 24 on a Zen 3 VM without bf16"
     " instructions (ours_cpu_heldout5): 5.06 s measured (runs 5.21, 4.89, 5.06), 4.22 estimated (-16.6 %) by the"
     " line through the mean of the probe's two runs at each depth (steptime.measured_step); those runs spread 0.73 /"
     " 0.77 s at 1 block and 1.94 / 1.54 s at 3 in that hour; through their fastest runs, as first estimated, -29.4 %"
-    " (docs/estimate_log.md, 'CPU peak memory measured at two depths: the held-out results')"
+    " (docs/estimate_log.md, 'CPU peak memory measured at two depths: the held-out results'); measured again in"
+    " session 29 on the Zen 5 host: -5.3 %"
 )
 _MI355X_CVS = (
     "ROCm/cvs's torchtitan Llama 3.3 70B on 8 MI355X, TP 4 x FSDP 2, 16 micro-steps of 1 x 8192, every second block"
