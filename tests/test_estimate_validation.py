@@ -41,7 +41,10 @@ _MI300X = (
     " bandwidth, but the bf16 GEMM rate is the MAMF measured with PYTORCH_TUNABLEOP_ENABLED=1 (668 TFLOPS) and the"
     " torchtitan run did not tune; no untuned figure at these shapes is published. AMD's own characterization of"
     " this workload (Llama 3 8B, FSDP, 8 x MI300X; Kurzynski, Aga, Wu, arXiv 2512.08242) names clock frequency"
-    " (DVFS) as the largest loss against theoretical throughput; its figures were not readable here"
+    " (DVFS) as the largest loss against theoretical throughput; its figures were not readable here. A lead (session"
+    " 29): the run's torch 2.9.0.dev of 2025-08 had AOTriton 0.10b, whose SDPA backward is Triton kernels that"
+    " AOTriton's tuning database times at ~75-115 TFLOPS on gfx942 (small grids) against CK FA2's 194; a what-if"
+    " with them gives +5 .. +26 %, not applied (docs/estimate_log.md, 'A lead for the MI300X rows')"
 )
 _SINGLE_FULL_AC = (
     "one-GPU run of this project (autocast), compiled, full AC: +11.6 % (25.0 GiB reserved, 24.4 active); the"
