@@ -295,6 +295,32 @@ def test_blackwell_ultra_parts():
     assert b300.hw.name == "B300" and b200.hw.name == "B200"
 
 
+def test_silicon_twins_run_their_twins_kernels_over_their_own_links():
+    """The H800 and A800 are the H100 SXM's and A100's dies with NVLink cut to 200 GB/s each way, the MI325X the
+    MI300X's with more memory, bandwidth and power (rates.SILICON_TWINS): a step's compute is the twin's (the
+    MI325X's faster: its own GEMM measurement at 1,000 W), TP's collectives slow down by the links' ratio, NCCL's
+    channels shrink with the bandwidth, and the MI325X's 256 GB hold a batch an MI300X's 192 cannot."""
+    from torchtitan.estimate import accuracy, collectives, rates
+
+    def breakdown(hw, *extra):
+        return estimate(*EIGHT_B, f"--estimate.hardware={hw}", *extra)["step_time_breakdown_s"]
+
+    tp8 = ("--parallelism.tensor_parallel_degree=8", "--estimate.num_devices=64")
+    for part, twin, links in (("h800", "h100-sxm", 450 / 200), ("a800", "a100", 300 / 200)):
+        cut, full = breakdown(part, *tp8), breakdown(twin, *tp8)
+        assert cut["compute"] == pytest.approx(full["compute"])
+        assert cut["tp_comm_exposed"] == pytest.approx(full["tp_comm_exposed"] * links, rel=0.1)
+    assert collectives.node_channels("H800") == pytest.approx(16 * 200 / 450)
+    assert collectives.node_channels("A800") == pytest.approx(24 * 200 / 300)
+    assert collectives.node_channels("MI325X") == collectives.node_channels("MI300X")
+    assert rates.attention_backend("H800") == "cudnn" and rates.attention_backend("A800") == "flash"
+    assert [accuracy.family(d) for d in ("H800", "A800", "MI325X")] == ["Hopper", "Ampere", "CDNA 3"]
+    assert breakdown("mi325x")["compute"] < breakdown("mi300x")["compute"]
+    three = ("--training.local_batch_size=3", "--activation_checkpoint.mode=none")  # ~196 GB a GPU
+    assert not estimate(*EIGHT_B, *three, "--estimate.hardware=mi300x")["fits"]
+    assert estimate(*EIGHT_B, *three, "--estimate.hardware=mi325x")["fits"]
+
+
 def test_every_hardware_field_is_overridable():
     cfg = parse_args(["--estimate.hardware=h100-sxm", "--estimate.peak_tflops=800", "--estimate.memory_gib=89.4",
                       "--estimate.hbm_bandwidth_gbps=2400", "--estimate.intra_node_bandwidth_gbps=300",
@@ -887,8 +913,8 @@ def test_generation_latency_for_the_generate_benchmark():
         generation_latency(args, "a100", tp=2).decode_ms_per_token
         < generation_latency(args, "a100").decode_ms_per_token
     )
-    with pytest.raises(UserError, match="unknown hardware 'NVIDIA H800'"):
-        generation_latency(args, "NVIDIA H800")
+    with pytest.raises(UserError, match="unknown hardware 'NVIDIA H20'"):
+        generation_latency(args, "NVIDIA H20")
     with pytest.raises(UserError, match="run with --estimate.calibrate"):
         generation_latency(args, "cpu")
 

@@ -47,6 +47,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         ("NVIDIA GB300", "GB300"),  # Grace Blackwell Ultra
         ("AMD Instinct MI300X", "MI300X"),
         ("AMD Instinct MI355X", "MI355X"),
+        ("NVIDIA H800", "H800"),  # the SXM5 part; the PCIe card says so
+        ("NVIDIA H800 80GB HBM3", "H800"),
+        ("NVIDIA A800-SXM4-80GB", "A800"),
+        ("AMD Instinct MI325X", "MI325X"),
         ("  nvidia   h100 80gb  hbm3 ", "H100 SXM"),  # whitespace and case do not matter
     ],
 )
@@ -63,14 +67,15 @@ def test_match_real_device_names(name, key):
         "NVIDIA A100-SXM4-40GB MIG 1g.5gb",  # a MIG slice has a fraction of the SMs
         "NVIDIA A100X",
         "NVIDIA H100",  # ambiguous: SXM, PCIe or NVL
-        "NVIDIA H800",
+        "NVIDIA H800 PCIe",  # the 2,000 GB/s PCIe card: another part
+        "NVIDIA A800 80GB PCIe",
+        "NVIDIA H20",  # another cut of Hopper: its own peak
         "NVIDIA L40",
         "NVIDIA GB10",  # a DGX Spark's GPU, not a GB200 / GB300
         "NVIDIA B300A",
         "NVIDIA GB300 MIG 1g.35gb",  # a MIG slice
         "AMD Instinct MI300A",
         "AMD Instinct MI350X",  # the MI355X's 1,000 W sibling: another peak
-        "AMD Instinct MI325X",
         "NVIDIA GeForce RTX 4090",
         "",
     ],
@@ -80,7 +85,18 @@ def test_unknown_or_lookalike_names_do_not_match(name):
 
 
 def test_table_values_and_fp8():
-    for key in ("H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL", "B200", "GB200", "B300", "GB300"):
+    for key in (
+        "H100 SXM",
+        "H100 NVL",
+        "H100 PCIe",
+        "H200",
+        "H200 NVL",
+        "H800",
+        "B200",
+        "GB200",
+        "B300",
+        "GB300",
+    ):
         spec = DEVICE_SPECS[key]
         assert spec.fp8_tflops == 2 * spec.bf16_tflops, key
     assert DEVICE_SPECS["A100"].fp8_tflops is None
@@ -94,6 +110,9 @@ def test_table_values_and_fp8():
         "GB300": 2500,
         "MI300X": 1307,
         "MI355X": 2516.6,
+        "H800": 989,
+        "A800": 312,
+        "MI325X": 1307,
     }
     for key, bf16 in expected.items():
         assert DEVICE_SPECS[key].bf16_tflops == bf16

@@ -389,8 +389,8 @@ class Estimate:
     )
     hardware: str = opt(
         "h100-sxm",
-        "device to plan for: a100, a100-40gb, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, b200, gb200, b300,"
-        " gb300, l40s, mi300x, mi355x, cpu (cpu: peak and bandwidths measured here)",
+        "device to plan for: a100, a100-40gb, a800, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, h800, b200, gb200,"
+        " b300, gb300, l40s, mi300x, mi325x, mi355x, cpu (cpu: peak and bandwidths measured here)",
     )
     num_devices: int = opt(8, "devices (ranks) of the planned run; the parallel degrees must multiply to it")
     devices_per_node: int | None = opt(

@@ -69,6 +69,8 @@ from __future__ import annotations
 
 import math
 
+from torchtitan.metrics.hardware import device_spec
+
 from . import rates
 from .plan import Plan
 
@@ -89,14 +91,14 @@ MESH_BUSBW_FRACTION = {"MI300X": 312.912 / 448.0, "MI355X": 312.912 / 448.0}
 
 def intra_fraction(device: str, default: float) -> float:
     """Sustained fraction of the intra-node datasheet bandwidth a ring over a whole node reaches on this device."""
-    return MESH_BUSBW_FRACTION.get(device, default)
+    return MESH_BUSBW_FRACTION.get(rates.silicon(device), default)
 
 
 def intra_busbw(plan: Plan, intra: float, ppn: int) -> float:
     """Bus bandwidth inside a node for a ring with `ppn` of its ranks on each node: the node figure behind a switch
     (NVSwitch), (ppn - 1) / (GPUs per node - 1) of it on a switchless mesh (its links among those ranks only)."""
     dpn = plan.hw.devices_per_node
-    if plan.hw.name in MESH_BUSBW_FRACTION and not plan.hw.is_cpu and 1 < ppn < dpn:
+    if rates.silicon(plan.hw.name) in MESH_BUSBW_FRACTION and not plan.hw.is_cpu and 1 < ppn < dpn:
         return intra * (ppn - 1) / (dpn - 1)
     return intra
 
@@ -111,8 +113,19 @@ def overlap_sm_share(plan: Plan, ring_busbw: float, intra: float, full_nodes: bo
     except KeyError:
         return 0.0
     share = 1.0 if full_nodes else min(1.0, ring_busbw / intra)
-    channels = NCCL_CHANNELS.get(plan.hw.name, NCCL_CHANNELS_DEFAULT) * share
-    return min(1.0, channels / sms)
+    return min(1.0, node_channels(plan.hw.name) * share / sms)
+
+
+def node_channels(device: str) -> float:
+    """NCCL channels of a ring at a node's full bus bandwidth. A silicon twin with slower links (rates.SILICON_TWINS:
+    the H800's and A800's NVLink at 200 GB/s each way) has its twin's channels times the links' ratio: NCCL sizes
+    its channels to the bandwidth (busBw = nChannels x per-channel speed, tuning.cc), the rule a ring on fewer NICs
+    follows above."""
+    twin = rates.silicon(device)
+    channels = NCCL_CHANNELS.get(twin, NCCL_CHANNELS_DEFAULT)
+    if twin != device:
+        channels *= device_spec(device).intra_node_gbps / device_spec(twin).intra_node_gbps
+    return channels
 
 
 def overlap_extension(

@@ -75,6 +75,19 @@ SAME_ARCH = {
     "L40S": ("H100 SXM", 142, 350.0),
 }
 
+# Parts built on another part's silicon (its SMs or CUs, hence its kernels), sold with other links, memory or power
+# (torchtitan/metrics/hardware.py): every rate keyed by device here and in collectives.py (attention curves and
+# backend, the rowwise table, NCCL's channels, cuBLAS's persistent GEMMs, a mesh's bus-bandwidth fraction) is the
+# twin's, while the part's own table entry gives its memory, HBM bandwidth and links. Its GEMM source is its own where
+# one was measured on it (GEMM_SOURCES: the MI325X), else the twin's.
+SILICON_TWINS = {"H800": "H100 SXM", "A800": "A100", "MI325X": "MI300X"}
+
+
+def silicon(device: str) -> str:
+    """The device whose kernels `device` runs: its silicon twin, or itself."""
+    return SILICON_TWINS.get(device, device)
+
+
 # Power limit below TDP. Measured on H100 at 500 W: FBGEMM PR #2546 (pytorch/FBGEMM, 2024-04, "H100 500W"), bf16
 # torch.mm 585.23 TFLOPS at 8192x8192x8192 (575.12 at 65536x8192x7168). At the TDP (700 W) the H100 sustains the
 # MSMF below (755 at its shape). Throughput of a power-bound GEMM scales as (limit / TDP) ** POWER_EXPONENT, the
@@ -117,6 +130,23 @@ def _with_fp8_at(device: str, tflops: float, m: int, n: int, k: int) -> None:
 
 
 _with_fp8_at("MI300X", MI300X_FP8_8192, 8192, 8192, 8192)
+
+# MI325X (the MI300X's 304 CDNA 3 CUs at a 1,000 W board power): its own MAMF, 784.9 TFLOPS bf16 at 13312x10240x8192
+# (stas00/ml-engineering, commit 744d01e, the MAMF table: torch 2.6.0+rocm6.2.4, PYTORCH_TUNABLEOP_ENABLED=1, "1000W"),
+# measured like the MI300X's 668.4 at 750 W. No FP8 GEMM figure of the part was found: its float8 rate is its bf16
+# rate times the MI300X's measured float8 / bf16 ratio at one reference shape (hipBLASLt's 907 at 8192^3 over the bf16
+# MAMF, both referred to the MAMF's shape), the same silicon's ratio.
+MI325X_MAMF_BF16 = 784.9
+_mi300x = GEMM_SOURCES["MI300X"]
+GEMM_SOURCES["MI325X"] = GemmSource(
+    MI325X_MAMF_BF16,
+    MI325X_MAMF_BF16 * _mi300x.fp8_tflops / _mi300x.bf16_tflops,
+    (13312, 10240, 8192),
+    1307.0,
+    2615.0,
+    304,
+    1000.0,
+)
 
 # MI355X (CDNA 4, 256 CUs, 1,400 W): HazyResearch/HipKittens f09e968 (arXiv 2511.08083), analysis/bf16_gemm/mi350x/
 # mi355x_bf16_gemm.json and analysis/fp8_gemm/mi350x/mi355x_fp8_gemm.json (docker rocm/7.0-preview:
@@ -277,6 +307,8 @@ def gemm_source(device: str) -> tuple[GemmSource, str]:
         return GemmSource(
             b.bf16_tflops, b.fp8_tflops, b.best_shape, b.table_peak, b.table_fp8_peak, sms, tdp
         ), (f"MAMF fraction of {base}")
+    if device in SILICON_TWINS:
+        return GEMM_SOURCES[silicon(device)], f"the rates of {silicon(device)}, the same silicon"
     raise KeyError(device)
 
 
@@ -601,7 +633,7 @@ def blackwell_ultra_attention_gain(seq: float, backward: bool) -> float:
 
 def attention_sustained_factor(device: str) -> float:
     """Sustained / measured for the device's attention curves (HOPPER_ATTENTION_SUSTAINED on Hopper, else 1)."""
-    return HOPPER_ATTENTION_SUSTAINED if device in HOPPER_ATTENTION_DEVICES else 1.0
+    return HOPPER_ATTENTION_SUSTAINED if silicon(device) in HOPPER_ATTENTION_DEVICES else 1.0
 
 
 def attention_backend(device: str, requested: str = "auto") -> str:
@@ -610,7 +642,7 @@ def attention_backend(device: str, requested: str = "auto") -> str:
     FlashAttention-2 elsewhere."""
     if requested != "auto":
         return requested
-    return "cudnn" if device in CUDNN_FIRST_DEVICES else "flash"
+    return "cudnn" if silicon(device) in CUDNN_FIRST_DEVICES else "flash"
 
 
 def attention_fraction(
@@ -624,6 +656,7 @@ def attention_fraction(
     """Fraction of the device's bf16 datasheet peak flash attention sustains at this (per-rank) sequence length,
     with the SDPA backend `backend` (auto: attention_backend's choice for the device)."""
     backend = attention_backend(device, backend)
+    device = silicon(device)
     if device in BLACKWELL_ATTENTION_DEVICES:
         peak = GEMM_SOURCES[device].table_peak
         if backend == "cudnn":  # cuDNN attention (above), measured causal

@@ -300,7 +300,7 @@ def rowwise_measured(plan: Plan, r: Rates) -> bool:
         r.recipe == "rowwise"
         and plan.compile_model
         and r.cal is None
-        and plan.hw.name in rates.ROWWISE_TABLE_DEVICES
+        and rates.silicon(plan.hw.name) in rates.ROWWISE_TABLE_DEVICES
     )
 
 
@@ -544,7 +544,7 @@ def fsdp_units(
     ring = collectives.busbw(plan, r.intra, r.inter, n, d.tp)
     ppn, _ = collectives.group_layout(plan, n, d.tp)
     share = collectives.overlap_sm_share(plan, ring, r.intra, ppn >= plan.hw.devices_per_node)
-    persistent = plan.hw.name in collectives.STATIC_PERSISTENT_GEMM_DEVICES
+    persistent = rates.silicon(plan.hw.name) in collectives.STATIC_PERSISTENT_GEMM_DEVICES
     gemm = gemms if (gemms is not None and persistent) else [(0.0, 0.0)] * len(passes)
 
     def overlap(comm: float, compute: float, unit: int) -> float:

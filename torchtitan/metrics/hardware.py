@@ -78,6 +78,25 @@ class DeviceSpec:
 #   MI300X:    AMD Instinct MI300X datasheet: BF16 1,307.4 TF dense, FP8 2,614.9 TF dense, 192 GB HBM3
 #              5.3 TB/s; Infinity Fabric: 7 links x 64 GB/s each way to the 7 peers of an 8-GPU node -> 448;
 #              400 Gb/s per GPU -> 50 GB/s.
+#   H800:      NVIDIA H800 SXM5 (the H100 SXM's GH100 die for markets under export rules: its BF16 / FP8 tensor
+#              cores, 80 GB HBM3 at 3.35 TB/s; deepseek-ai/FlashMLA's kernel deep dive: "An NVIDIA H800 SXM5 GPU has a
+#              peak memory bandwidth of 3.35 TB/s and peak FLOPs of 990 TFlops"; 700 W assumed, the H100 SXM's).
+#              NVLink cut to 400 GB/s -> 200 each way: DeepSeek's ISCA 2025 paper (arXiv 2505.09343): "the NVLink
+#              bandwidth in H800 SXM nodes is reduced from 900 GB/s to 400 GB/s", with "eight 400G Infiniband (IB)
+#              CX7 NICs" a node -> 50 GB/s; the DeepSeek-V3 report's "NVLink offers a bandwidth of 160 GB/s, roughly
+#              3.2 times that of IB (50 GB/s)" is their one-way measurement (deepseek-ai/DeepSeek-V3#28: 400 GB/s is
+#              the two-way theoretical figure, 160 GB/s their measured one-way): 0.80 of 200, the estimator's
+#              intra-node fraction. torch names it "NVIDIA H800" or "NVIDIA H800 80GB HBM3"; the PCIe card
+#              "NVIDIA H800 PCIe" (2.0 TB/s) is another part, left unmatched.
+#   A800:      NVIDIA A800 SXM4 80GB (the A100's GA100 die for the same markets, announced by NVIDIA in November
+#              2022 with NVLink cut from 600 to 400 GB/s -> 200 each way, compute unchanged: the A100 SXM4 80GB's BF16
+#              312 TF dense, 80 GB HBM2e 2,039 GB/s, 400 W); one 200 Gb/s HDR port per GPU assumed, as for the A100
+#              -> 25 GB/s. torch names it "NVIDIA A800-SXM4-80GB".
+#   MI325X:    AMD Instinct MI325X (amd.com/en/products/accelerators/instinct/mi300/mi325x.html): the MI300X's CDNA 3
+#              compute (BF16 1,307.4 TF dense, FP8 2,614.9) and its 7-link Infinity Fabric mesh (448 each way),
+#              with 256 GB HBM3E at 6 TB/s and a 1,000 W board power (stas00/ml-engineering, commit 744d01e:
+#              "MI325X is the same compute as MI300X, but has more memory and more power"); 400 Gb/s per GPU
+#              assumed -> 50 GB/s. torch names it "AMD Instinct MI325X".
 #   MI355X:    AMD Instinct MI355X (CDNA 4; amd.com/en/products/accelerators/instinct/mi350/mi355x.html): BF16 2.5 PF
 #              and OCP-FP8 5.0 PF dense (2,516.6 / 5,033.2 TF: 2,400 MHz x 1,024 matrix cores x 512 / 1,024 FMAs;
 #              10.1 PF is the sparse FP8 figure), 288 GB HBM3E 8 TB/s; Infinity Fabric: 7 links of 153.6 GB/s
@@ -94,12 +113,15 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         DeviceSpec("H100 PCIe", 756.0, 2 * 756.0, 80.0, 2000.0, 64.0, 25.0),
         DeviceSpec("H200", 989.0, 2 * 989.0, 141.0, 4800.0, 450.0, 50.0),
         DeviceSpec("H200 NVL", 835.0, 2 * 835.0, 141.0, 4800.0, 64.0, 25.0),
+        DeviceSpec("H800", 989.0, 2 * 989.0, 80.0, 3350.0, 200.0, 50.0),
+        DeviceSpec("A800", 312.0, None, 80.0, 2039.0, 200.0, 25.0),
         DeviceSpec("L40S", 362.0, 733.0, 48.0, 864.0, 32.0, 25.0),
         DeviceSpec("B200", 2250.0, 4500.0, 180.0, 8000.0, 900.0, 50.0),
         DeviceSpec("GB200", 2500.0, 5000.0, 186.0, 8000.0, 900.0, 50.0, devices_per_node=72),
         DeviceSpec("B300", 2250.0, 4500.0, 270.0, 8000.0, 900.0, 100.0),
         DeviceSpec("GB300", 2500.0, 5000.0, 279.0, 8000.0, 900.0, 100.0, devices_per_node=72),
         DeviceSpec("MI300X", 1307.0, 2615.0, 192.0, 5300.0, 448.0, 50.0),
+        DeviceSpec("MI325X", 1307.0, 2615.0, 256.0, 6000.0, 448.0, 50.0),
         DeviceSpec("MI355X", 2516.6, 5033.2, 288.0, 8000.0, 537.6, 50.0),
     ]
 }
@@ -133,6 +155,11 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     (_NV + r"h100 sxm\d?" + _MEM, "H100 SXM"),
     (_NV + r"h200 nvl", "H200 NVL"),
     (_NV + r"h200( sxm\d?)?" + _MEM + r"( hbm3e)?", "H200"),
+    (
+        _NV + r"h800( sxm\d?)?" + _MEM + r"( hbm3)?",
+        "H800",
+    ),  # not the 2,000 GB/s PCIe card ("NVIDIA H800 PCIe")
+    (_NV + r"a800([- ](sxm\d?|\d+gb))*", "A800"),  # A800-SXM4-80GB; the PCIe cards are left unmatched
     (_NV + r"l40s", "L40S"),
     (_NV + r"b200" + _MEM + r"( hbm3e)?", "B200"),
     (_NV + r"gb200" + _MEM, "GB200"),  # the GPU of a Grace Blackwell superchip: its own peak, not the B200's
@@ -140,6 +167,7 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     (_NV + r"gb300" + _MEM, "GB300"),  # Grace Blackwell Ultra: its own memory and power
     # "VF" is the SR-IOV name cloud VMs see for a whole passed-through MI300X.
     (r"(amd )?(instinct )?mi300x( vf)?", "MI300X"),
+    (r"(amd )?(instinct )?mi325x( vf)?", "MI325X"),
     (r"(amd )?(instinct )?mi355x( vf)?", "MI355X"),
 ]
 
