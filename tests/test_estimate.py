@@ -785,6 +785,21 @@ def test_compiled_saved_activations_match_inductor():
         assert measured - rstd - scales == pytest.approx(saved_per_token("none", f8, True) / 4 - dim), skip
 
 
+@pytest.mark.slow
+def test_compiled_elementwise_bytes_are_a_lower_bound_of_inductors_count():
+    """The compiled branch of elementwise_bytes (a hand count) against the bytes Inductor's kernels of one compiled
+    bf16 block read and write (scripts/compiled_elementwise_bytes.py, CPU): below them, within 40 % (+14 % with
+    per-op SAC, +33 % without AC on the debug shape; the C++ backend's RoPE in fp32 and its norms' two backward
+    reductions are most of it: docs/estimate_log.md, "Compiled blocks' elementwise bytes by Inductor's count")."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from compiled_elementwise_bytes import hand_count, per_token
+
+    for ac in ("none", "op"):
+        slope, _ = per_token("debugmodel", ac, seqs=(128, 256))
+        inductor = slope[(False, True)] + slope[(True, True)]
+        assert 1.0 < inductor / sum(hand_count("debugmodel", ac)) < 1.4, ac
+
+
 def test_loss_buffers_freed_before_the_last_block_backward():
     """The fact docs/estimate_log.md ("The compiled loss and the logits") reports, on the trainer's own loss path
     (scripts/loss_buffers_lifetime.py, eager, full AC): no [tokens, vocab] tensor of the loss region is alive when
