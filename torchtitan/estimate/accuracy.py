@@ -4,10 +4,10 @@ A planning number is only as useful as its error bar. The estimator's own valida
 docs/estimate.md "Validation") holds every published figure it was checked against; this module picks the rows
 comparable to the configuration being estimated -- the same device family and the same kind of layout
 (validation.layout_kind) -- and reports how far their estimates were from what was published (error = estimated /
-published - 1: positive means the estimate was too high). Families: Hopper (H100, H200 and H800 parts), Ampere (A100,
-A800), Blackwell (B200, GB200, B300, GB300), CDNA 3 (MI300X, MI325X), CDNA 4 (MI355X), CPU (compared on this project's calibrated
-CPU rows: step time and resident memory). When no row of the family has that layout kind, the family's rows of
-every layout are used, and when the family has none, every row; the result names the scope it used.
+published - 1: positive means the estimate was too high). Families: Hopper (H100, H200 and H800 parts), Ampere
+(A100, A800), Blackwell (B200, GB200, B300, GB300), CDNA 3 (MI300X, MI325X), CDNA 4 (MI355X), CPU (compared on this
+project's calibrated CPU rows: step time and resident memory). When no row of the family has that layout kind, the
+family's rows of every layout are used, and when the family has none, every row; the result names the scope it used.
 
 The errors are the cross-validated ones (validation.cross_validated, the rows of the quantities compared): a
 training row is estimated with the shipped constants (none of training's is fitted), a decode row with the decode

@@ -155,10 +155,8 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     (_NV + r"h100 sxm\d?" + _MEM, "H100 SXM"),
     (_NV + r"h200 nvl", "H200 NVL"),
     (_NV + r"h200( sxm\d?)?" + _MEM + r"( hbm3e)?", "H200"),
-    (
-        _NV + r"h800( sxm\d?)?" + _MEM + r"( hbm3)?",
-        "H800",
-    ),  # not the 2,000 GB/s PCIe card ("NVIDIA H800 PCIe")
+    # "NVIDIA H800" or "NVIDIA H800 80GB HBM3"; the 2,000 GB/s PCIe card ("NVIDIA H800 PCIe") is left unmatched
+    (_NV + r"h800( sxm\d?)?" + _MEM + r"( hbm3)?", "H800"),
     (_NV + r"a800([- ](sxm\d?|\d+gb))*", "A800"),  # A800-SXM4-80GB; the PCIe cards are left unmatched
     (_NV + r"l40s", "L40S"),
     (_NV + r"b200" + _MEM + r"( hbm3e)?", "B200"),
