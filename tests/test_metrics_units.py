@@ -124,6 +124,10 @@ def test_device_spec_lookup_by_slug():
     assert device_spec("h100-sxm").name == "H100 SXM"
     assert device_spec("H100 SXM").name == "H100 SXM"
     assert device_spec("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    # the live table folds both A100s into one peak; the estimator plans for the memory the name says
+    for name in ("NVIDIA A100-SXM4-40GB", "A100-PCIE-40GB", "NVIDIA A100 40GB PCIe"):
+        assert device_spec(name).name == "A100 40GB" and match_device(name) == "A100"
+    assert device_spec("NVIDIA A100-SXM4-80GB").name == "A100"
     with pytest.raises(UserError, match="h100-sxm"):
         device_spec("v100")
 

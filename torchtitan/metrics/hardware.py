@@ -192,6 +192,10 @@ def device_spec(name: str) -> DeviceSpec:
     if key is None:
         valid = ", ".join(_slug(k) for k in {**DEVICE_SPECS, **ESTIMATOR_SPECS})
         raise UserError(f"unknown hardware {name!r}: valid names are {valid}")
+    if key == "A100" and re.search(r"40 ?gb", name.lower()):
+        # one peak for MFU, but a 40 GB A100 ("NVIDIA A100-SXM4-40GB", "A100-PCIE-40GB") has half the memory and
+        # 1,555 GB/s: the estimator and generation_latency plan for the part the name says
+        return ESTIMATOR_SPECS["A100 40GB"]
     return DEVICE_SPECS[key]
 
 
