@@ -1252,8 +1252,9 @@ def test_a_cpu_peak_given_by_hand_is_taken_as_sustained():
 
 
 def test_a_layout_the_trainer_refuses_on_a_cpu_is_refused_with_its_line():
-    """No estimate of a plan the trainer would not run: context parallel on a CPU stops with the trainer's own
-    one-line error (session 29's held-out CP configuration), and the same plan on an H100 is estimated."""
+    """No estimate of a plan the trainer would not run: context parallel on a CPU (session 29's held-out CP
+    configuration) and TP with compiled blocks on a CPU (session 30's) stop with the trainer's own one-line error,
+    and the same plans on an H100 are estimated."""
     cp = ["--parallelism.context_parallel_degree=2", "--training.seq_len=1024", "--estimate.num_devices=2"]
     with pytest.raises(
         UserError,
@@ -1262,6 +1263,11 @@ def test_a_layout_the_trainer_refuses_on_a_cpu_is_refused_with_its_line():
         estimate(*cp, "--estimate.hardware=cpu", "--estimate.peak_tflops=0.2", "--estimate.hbm_bandwidth_gbps=10",
                  "--estimate.intra_node_bandwidth_gbps=1")  # fmt: skip
     assert estimate(*H100, *cp)["layout"]["cp"] == 2
+    tp_compile = ["--parallelism.tensor_parallel_degree=2", "--compile.enable=true", "--estimate.num_devices=2"]
+    with pytest.raises(UserError, match=r"tensor_parallel_degree 2 with compiled blocks .* fails on a CPU"):
+        estimate(*tp_compile, "--estimate.hardware=cpu", "--estimate.peak_tflops=0.2",
+                 "--estimate.hbm_bandwidth_gbps=10", "--estimate.intra_node_bandwidth_gbps=1")  # fmt: skip
+    assert estimate(*H100, *tp_compile)["layout"]["tp"] == 2
 
 
 def test_float8_tensorwise_tp_all_gathers_are_priced_at_one_byte():
