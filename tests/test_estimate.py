@@ -1263,7 +1263,11 @@ def test_a_layout_the_trainer_refuses_on_a_cpu_is_refused_with_its_line():
         estimate(*cp, "--estimate.hardware=cpu", "--estimate.peak_tflops=0.2", "--estimate.hbm_bandwidth_gbps=10",
                  "--estimate.intra_node_bandwidth_gbps=1")  # fmt: skip
     assert estimate(*H100, *cp)["layout"]["cp"] == 2
-    tp_compile = ["--parallelism.tensor_parallel_degree=2", "--compile.enable=true", "--estimate.num_devices=2"]
+    tp_compile = [
+        "--parallelism.tensor_parallel_degree=2",
+        "--compile.enable=true",
+        "--estimate.num_devices=2",
+    ]
     with pytest.raises(UserError, match=r"tensor_parallel_degree 2 with compiled blocks .* fails on a CPU"):
         estimate(*tp_compile, "--estimate.hardware=cpu", "--estimate.peak_tflops=0.2",
                  "--estimate.hbm_bandwidth_gbps=10", "--estimate.intra_node_bandwidth_gbps=1")  # fmt: skip

@@ -123,7 +123,9 @@ def test_tp_with_compiled_blocks_rejected_on_cpu():
     handed a plain tensor by the compiled block; session 30's held-out configuration): refused with a way out, while
     compiling only the loss, or the same plan on a GPU, passes."""
     tp_compile = ("--parallelism.tensor_parallel_degree=2", "--compile.enable=true")
-    with pytest.raises(UserError, match=r'compiled blocks .* fails on a CPU .* compile.components=\["loss"\]'):
+    with pytest.raises(
+        UserError, match=r'compiled blocks .* fails on a CPU .* compile.components=\["loss"\]'
+    ):
         check(2, *tp_compile, device="cpu")
     check(2, *tp_compile, "--compile.components=loss", device="cpu")
     check(2, *tp_compile, device="cuda")

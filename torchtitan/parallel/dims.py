@@ -165,7 +165,7 @@ class ParallelDims:
                 raise UserError(
                     f"parallelism: {tp} with compiled blocks (compile.components includes model) fails on a CPU"
                     f" with torch {torch.__version__.split('+')[0]} (the first backward: DTensor's redistribute gets"
-                    f" a plain tensor from the compiled block); use compile.components=[\"loss\"] or"
+                    f' a plain tensor from the compiled block); use compile.components=["loss"] or'
                     f" compile.enable=false"
                 )
             if p.enable_sequence_parallel and t.seq_len % self.tp:
