@@ -44,7 +44,9 @@ _MI300X = (
     " (DVFS) as the largest loss against theoretical throughput; its figures were not readable here. A lead (session"
     " 29): the run's torch 2.9.0.dev of 2025-08 had AOTriton 0.10b, whose SDPA backward is Triton kernels that"
     " AOTriton's tuning database times at ~75-115 TFLOPS on gfx942 (small grids) against CK FA2's 194; a what-if"
-    " with them gives +5 .. +26 %, not applied (docs/estimate_log.md, 'A lead for the MI300X rows')"
+    " with them gives +5 .. +26 %, not applied (docs/estimate_log.md, 'A lead for the MI300X rows'). Session 30's"
+    " nineteenth pass supports it: AMD's Llama 3.1 8B runs on 8 MI300X with CK's FlashAttention-2 (the kernel these"
+    " rates come from; FSDP1, no AC, compiled, 2025-02) are estimated -7.8 / +0.8 %"
 )
 _SINGLE_FULL_AC = (
     "one-GPU run of this project (autocast), compiled, full AC: +11.6 % (25.0 GiB reserved, 24.4 active); the"
