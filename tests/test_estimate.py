@@ -1059,9 +1059,8 @@ def test_planned_block_is_the_ranks_share_and_is_timed_beside_its_kernels():
     t_block, t_kernels, tokens = cal.measure_block(plan, torch.device("cpu"), 0.01)
     assert tokens == 128 and t_block > 0 and t_kernels > 0
     assert plan.block_measurable
-    # without TP: compiled blocks under TP are refused on a CPU
     for flag in ("--compile.enable=true", "--float8.enable=true"):
-        assert not build_plan(parse_args([*args[:4], flag]), require_rates=False).block_measurable
+        assert not build_plan(parse_args([*args, flag]), require_rates=False).block_measurable
     # three windows of the timings are kept by their median surplus over the kernels: one slow window does not count
     windows = [(0.0229, 0.0146, 256), (0.0124, 0.0102, 256), (0.0150, 0.0103, 256)]
     assert cal.median_window(windows) == (0.0150, 0.0103, 256)
@@ -1253,9 +1252,8 @@ def test_a_cpu_peak_given_by_hand_is_taken_as_sustained():
 
 
 def test_a_layout_the_trainer_refuses_on_a_cpu_is_refused_with_its_line():
-    """No estimate of a plan the trainer would not run: context parallel on a CPU (session 29's held-out CP
-    configuration) and TP with compiled blocks on a CPU (session 30's) stop with the trainer's own one-line error,
-    and the same plans on an H100 are estimated."""
+    """No estimate of a plan the trainer would not run: context parallel on a CPU stops with the trainer's own
+    one-line error (session 29's held-out CP configuration), and the same plan on an H100 is estimated."""
     cp = ["--parallelism.context_parallel_degree=2", "--training.seq_len=1024", "--estimate.num_devices=2"]
     with pytest.raises(
         UserError,
@@ -1264,15 +1262,16 @@ def test_a_layout_the_trainer_refuses_on_a_cpu_is_refused_with_its_line():
         estimate(*cp, "--estimate.hardware=cpu", "--estimate.peak_tflops=0.2", "--estimate.hbm_bandwidth_gbps=10",
                  "--estimate.intra_node_bandwidth_gbps=1")  # fmt: skip
     assert estimate(*H100, *cp)["layout"]["cp"] == 2
-    tp_compile = [
-        "--parallelism.tensor_parallel_degree=2",
-        "--compile.enable=true",
-        "--estimate.num_devices=2",
-    ]
-    with pytest.raises(UserError, match=r"tensor_parallel_degree 2 with compiled blocks .* fails on a CPU"):
-        estimate(*tp_compile, "--estimate.hardware=cpu", "--estimate.peak_tflops=0.2",
-                 "--estimate.hbm_bandwidth_gbps=10", "--estimate.intra_node_bandwidth_gbps=1")  # fmt: skip
-    assert estimate(*H100, *tp_compile)["layout"]["tp"] == 2
+
+
+def test_the_loss_stays_eager_under_loss_parallel_as_in_the_trainer():
+    """The trainer leaves the loss eager under loss parallel (parallel/compile.compiles_loss: compiled, its value was
+    wrong); the estimator prices the loss the same way: eager bytes per logit with TP + loss parallel, compiled ones
+    without loss parallel or without TP."""
+    base = [*EIGHT_B, "--compile.enable=true", "--parallelism.tensor_parallel_degree=2"]
+    assert not build_plan(parse_args([*H100, *base])).compile_loss
+    assert build_plan(parse_args([*H100, *base, "--parallelism.enable_loss_parallel=false"])).compile_loss
+    assert build_plan(parse_args([*H100, *EIGHT_B, "--compile.enable=true"])).compile_loss
 
 
 def test_float8_tensorwise_tp_all_gathers_are_priced_at_one_byte():

@@ -118,19 +118,6 @@ def test_gpu_only_features_rejected_on_cpu():
     check(2, "--parallelism.context_parallel_degree=2")  # no device known (preflight): the shapes are fine
 
 
-def test_tp_with_compiled_blocks_rejected_on_cpu():
-    """Compiled blocks under TP fail in the first backward on a CPU (torch 2.13: DTensor's Redistribute backward is
-    handed a plain tensor by the compiled block; session 30's held-out configuration): refused with a way out, while
-    compiling only the loss, or the same plan on a GPU, passes."""
-    tp_compile = ("--parallelism.tensor_parallel_degree=2", "--compile.enable=true")
-    with pytest.raises(
-        UserError, match=r'compiled blocks .* fails on a CPU .* compile.components=\["loss"\]'
-    ):
-        check(2, *tp_compile, device="cpu")
-    check(2, *tp_compile, "--compile.components=loss", device="cpu")
-    check(2, *tp_compile, device="cuda")
-
-
 def test_preflight_runs_the_same_checks():
     with pytest.raises(UserError, match="n_kv_heads=4 is not divisible by tensor_parallel_degree 8"):
         check_mesh(parse_args([*DEBUG, "--parallelism.tensor_parallel_degree=8"]), 8)

@@ -56,6 +56,12 @@ LAYOUTS = {
         ],
     ),
     "tp4_sp_lp": (4, ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=4"]),
+    # compiled blocks under TP (the embedding's async output materialized for them: parallel/tensor.py) and the
+    # default compile components: the loss stays eager under loss parallel (parallel/compile.compiles_loss)
+    "tp2_compile": (
+        2,
+        ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2", "--compile.enable=true"],
+    ),
 }
 
 

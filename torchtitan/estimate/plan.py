@@ -17,6 +17,7 @@ from torchtitan.errors import UserError
 from torchtitan.metrics.hardware import DeviceSpec, device_spec
 from torchtitan.models import model_args_from_config
 from torchtitan.models.llama3 import ModelArgs
+from torchtitan.parallel.compile import compiles_loss
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.pipeline import PipelinePlan, plan_pipeline
 
@@ -253,8 +254,7 @@ class Plan:
 
     @property
     def compile_loss(self) -> bool:
-        c = self.cfg.compile
-        return c.enable and "loss" in c.components
+        return compiles_loss(self.cfg)  # the trainer's rule: eager under loss parallel
 
     @property
     def block_measurable(self) -> bool:

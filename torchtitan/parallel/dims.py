@@ -160,14 +160,6 @@ class ParallelDims:
                     f"parallelism: {tp} with tied embeddings (flavor {cfg.model.flavor}) is not supported;"
                     f" set tensor_parallel_degree=1"
                 )
-            c = cfg.compile
-            if device_type == "cpu" and c.enable and "model" in c.components:
-                raise UserError(
-                    f"parallelism: {tp} with compiled blocks (compile.components includes model) fails on a CPU"
-                    f" with torch {torch.__version__.split('+')[0]} (the first backward: DTensor's redistribute gets"
-                    f' a plain tensor from the compiled block); use compile.components=["loss"] or'
-                    f" compile.enable=false"
-                )
             if p.enable_sequence_parallel and t.seq_len % self.tp:
                 raise UserError(
                     f"parallelism: training.seq_len={t.seq_len} is not divisible by {tp} (sequence parallel shards"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -50,6 +51,15 @@ def float8_collectives(tp_mesh) -> bool:
     """Whether collectives on `tp_mesh` can carry float8 tensors: not on gloo (CPU), which rejects the dtypes."""
     backend = dist.get_backend(tp_mesh.get_group())
     return not (backend == "gloo" or (tp_mesh.device_type == "cpu" and "gloo" in backend))
+
+
+def _materialize_async_output(module, args, output):
+    """The embedding's reduce-scatter runs asynchronously (RowwiseParallel's output redistribute), so its output is
+    an AsyncCollectiveTensor until first used. Passed as such into a compiled block, the block's backward hands a
+    plain tensor to DTensor's Redistribute backward (torch 2.13: "'Tensor' object has no attribute
+    '_local_tensor'", found by session 30's held-out CPU run); one copy of the stream here gives the block an
+    ordinary tensor and keeps the gradient's path through to_local and the redistribute."""
+    return output.clone() if isinstance(output, AsyncCollectiveTensor) else output
 
 
 def _prepare_input(module: torch.nn.Module, colwise: tuple[str, ...], input_layouts, desired_input_layouts):
@@ -108,6 +118,8 @@ def apply_tp(
         )
     if top:
         parallelize_module(model, tp_mesh, top)
+    if model.tok_embeddings is not None:
+        model.tok_embeddings.register_forward_hook(_materialize_async_output)
 
     def colwise(linear):
         return float8_tp_style(linear, "colwise") if float8_styles else ColwiseParallel()
