@@ -84,7 +84,7 @@ def hf_worker(out: str, steps: int, interval: int, warmup: int, overrides: list[
     def loss_fn(logits, labels):
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
-    loss_fn = maybe_compile_loss(loss_fn, cfg)  # the trainer's rule for compiling its loss
+    loss_fn = maybe_compile_loss(loss_fn, cfg, device.type)  # the trainer's rule for compiling its loss
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed_tokens" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed_tokens" not in n)]
     impl = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}

@@ -1264,14 +1264,16 @@ def test_a_layout_the_trainer_refuses_on_a_cpu_is_refused_with_its_line():
     assert estimate(*H100, *cp)["layout"]["cp"] == 2
 
 
-def test_the_loss_stays_eager_under_loss_parallel_as_in_the_trainer():
-    """The trainer leaves the loss eager under loss parallel (parallel/compile.compiles_loss: compiled, its value was
-    wrong); the estimator prices the loss the same way: eager bytes per logit with TP + loss parallel, compiled ones
-    without loss parallel or without TP."""
-    base = [*EIGHT_B, "--compile.enable=true", "--parallelism.tensor_parallel_degree=2"]
-    assert not build_plan(parse_args([*H100, *base])).compile_loss
-    assert build_plan(parse_args([*H100, *base, "--parallelism.enable_loss_parallel=false"])).compile_loss
-    assert build_plan(parse_args([*H100, *EIGHT_B, "--compile.enable=true"])).compile_loss
+def test_the_loss_stays_eager_under_loss_parallel_on_a_cpu_as_in_the_trainer():
+    """The trainer leaves the loss eager under loss parallel on a CPU (parallel/compile.compiles_loss: compiled, its
+    value was wrong there); the estimator prices the loss the same way: eager on a CPU plan with TP + loss parallel,
+    compiled without loss parallel and on a GPU."""
+    base = ["--compile.enable=true", "--parallelism.tensor_parallel_degree=2", "--estimate.num_devices=2"]
+    cpu = ["--estimate.hardware=cpu", "--estimate.peak_tflops=0.2", "--estimate.hbm_bandwidth_gbps=10",
+           "--estimate.intra_node_bandwidth_gbps=1"]  # fmt: skip
+    assert not build_plan(parse_args([*base, *cpu])).compile_loss
+    assert build_plan(parse_args([*base, *cpu, "--parallelism.enable_loss_parallel=false"])).compile_loss
+    assert build_plan(parse_args([*H100, *base])).compile_loss
 
 
 def test_float8_tensorwise_tp_all_gathers_are_priced_at_one_byte():

@@ -138,7 +138,7 @@ def build_run(cfg: JobConfig) -> Run:
         model = get_model_class(cfg.model.name)(model_args)
     # FLOPs/token done in float8 linears, counted on the whole model before any of it is converted or split
     fp8_flops_per_token = float8_flops_per_token(model, cfg.float8.min_dim) if cfg.float8.enable else 0
-    loss_fn = maybe_compile_loss(cross_entropy_loss, cfg)
+    loss_fn = maybe_compile_loss(cross_entropy_loss, cfg, device.type)
     t = cfg.training
     accum_steps = dims.grad_accumulation_steps(t)
     local_tokens = t.local_batch_size * t.seq_len * accum_steps  # per dp rank and optimizer step

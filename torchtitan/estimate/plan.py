@@ -254,7 +254,7 @@ class Plan:
 
     @property
     def compile_loss(self) -> bool:
-        return compiles_loss(self.cfg)  # the trainer's rule: eager under loss parallel
+        return compiles_loss(self.cfg, "cpu" if self.hw.is_cpu else "cuda")  # the trainer's rule
 
     @property
     def block_measurable(self) -> bool:

@@ -34,27 +34,28 @@ def loss_parallel_on(cfg) -> bool:
     return p.tensor_parallel_degree > 1 and p.enable_loss_parallel
 
 
-def compiles_loss(cfg) -> bool:
-    """Whether the loss is compiled: compile.enable with "loss" in compile.components, except under loss parallel,
-    where the compiled cross-entropy over the vocabulary-sharded DTensor logits gives a wrong loss (torch 2.13, the
-    debug model on TP 2: 13.17 at step 1 where eager TP and one process give 8.17; without loss parallel the compiled
-    loss agrees; found in session 30). The trainer and the estimator both ask this."""
+def compiles_loss(cfg, device_type: str) -> bool:
+    """Whether the loss is compiled: compile.enable with "loss" in compile.components, except under loss parallel on
+    a CPU, where the compiled cross-entropy over the vocabulary-sharded DTensor logits gives a wrong loss (torch
+    2.13, gloo, the debug model on TP 2: 13.17 at step 1 where eager TP and one process give 8.17; without loss
+    parallel the compiled loss agrees; found in session 30). Not seen on a GPU, where torchtitan compiles this loss
+    (docs/performance.md, GPU command j, checks it). The trainer and the estimator both ask this."""
     c = cfg.compile
-    return c.enable and "loss" in c.components and not loss_parallel_on(cfg)
+    return c.enable and "loss" in c.components and not (device_type == "cpu" and loss_parallel_on(cfg))
 
 
-def maybe_compile_loss(loss_fn: Callable, cfg) -> Callable:
-    """The loss function, compiled when compiles_loss(cfg) says so.
+def maybe_compile_loss(loss_fn: Callable, cfg, device_type: str) -> Callable:
+    """The loss function, compiled when compiles_loss(cfg, device_type) says so.
 
     The loss upcasts [batch, seq, vocab] logits to fp32 before log-softmax; compiled, Inductor can fuse the
     upcast, the log-softmax and the gather of the target logits instead of running separate passes over them.
     """
     c = cfg.compile
-    if compiles_loss(cfg):
+    if compiles_loss(cfg, device_type):
         logger.info("torch.compile: loss function compiled")
         return torch.compile(loss_fn)
     if c.enable and "loss" in c.components:
         logger.info(
-            "torch.compile: loss function left eager under loss parallel (compiled, its value is wrong)"
+            "torch.compile: loss function left eager under loss parallel on a CPU (compiled, its value is wrong)"
         )
     return loss_fn
