@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import statistics
 
-from . import validation
+from . import rates, validation
 
+# a silicon twin (rates.SILICON_TWINS: H800, A800, MI325X) is in its twin's family
 FAMILIES = {
-    "Hopper": ("H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL", "H800"),
-    "Ampere": ("A100", "A100 40GB", "A800"),
+    "Hopper": ("H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"),
+    "Ampere": ("A100", "A100 40GB"),
     "Blackwell": ("B200", "GB200", "B300", "GB300"),
-    "CDNA 3": ("MI300X", "MI325X"),
+    "CDNA 3": ("MI300X",),
     "CDNA 4": ("MI355X",),
 }
 # the table's quantities a training / an inference / a CPU training estimate is compared on
@@ -36,7 +37,8 @@ QUANTITIES = {"training": ("tokens/s/device", "memory GiB"), "inference": (valid
 
 
 def family(device: str) -> str:
-    return next((f for f, names in FAMILIES.items() if device in names), device)
+    part = rates.silicon(device)
+    return next((f for f, names in FAMILIES.items() if part in names), device)
 
 
 def comparable(rows: list[dict], fam: str, kind: str, what: str) -> dict | None:
