@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Convert a torchtitan llama3 TOML config (late 2024 to its last TOML files, Feb 2026) into this project's.
+"""Convert a torchtitan llama3 or Llama 2 TOML config (its public release, Apr 2024, to its last TOML files, Feb 2026)
+into this project's.
 
     python scripts/convert_torchtitan_config.py llama3_8b.toml                  # writes llama3_8b_converted.toml
     python scripts/convert_torchtitan_config.py debug_model.toml -o debug.toml --tokenizer-path tests/assets/tok

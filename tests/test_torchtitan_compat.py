@@ -191,6 +191,159 @@ def test_a_value_that_cannot_be_expressed_is_one_line_exit_2(section, key, value
     assert not out.exists()
 
 
+def _variant(era: str, edits: dict[str, dict], drop: tuple[str, ...] = ()) -> dict:
+    """The era's llama3_8b.toml, parsed, with keys set per section ("quantize.dense.float8" nests) and the
+    dotted keys in `drop` removed: the shape of a torchtitan file of another month."""
+    toml = _load_toml(str(CONFIGS / era / "llama3_8b.toml"))
+    for dotted in drop:
+        *path, key = dotted.split(".")
+        table = toml
+        for part in path:
+            table = table[part]
+        del table[key]
+    for section, values in edits.items():
+        table = toml
+        for part in section.split("."):
+            table = table.setdefault(part, {})
+        table.update(values)
+    return toml
+
+
+_NO_FLOAT8_SECTION = ("float8.enable_float8_linear",)  # the [float8] section came after these switches
+
+
+# Keys of torchtitan's files from its public release (Apr 2024) to its last TOML files, beyond the three eras of
+# tests/assets/torchtitan_configs: each as torchtitan's history wrote it (the month in the comment), and where it
+# lands here. A sweep of every llama TOML file in torchtitan's history is in docs/configuration.md.
+@pytest.mark.parametrize(
+    "era, edits, drop, expect",
+    [
+        # 2024-04 .. 12: a colour switch, one data-parallel degree (2024-04 .. 07), PP under [training] (to 2024-05)
+        ("2024", {"metrics": {"enable_color_printing": True}}, (), {}),
+        (
+            "2024",
+            {"training": {"data_parallel_degree": -1, "pipeline_parallel_degree": 2}},
+            (
+                "training.data_parallel_replicate_degree",
+                "training.data_parallel_shard_degree",
+                "experimental.pipeline_parallel_degree",
+            ),
+            {"parallelism.data_parallel_shard_degree": -1, "parallelism.pipeline_parallel_degree": 2},
+        ),
+        # float8 switches of 2024: a string ("dynamic", to 2024-07), a bool (2024-07), then enable_*_linear
+        ("2024", {"training": {"fp8_linear": "dynamic"}}, _NO_FLOAT8_SECTION, {"float8.enable": True}),
+        ("2024", {"training": {"fp8_linear": True}}, _NO_FLOAT8_SECTION, {"float8.enable": True}),
+        ("2024", {"training": {"fp8_linear": False}}, _NO_FLOAT8_SECTION, {"float8.enable": None}),
+        (
+            "2024",
+            {"training": {"enable_float8_linear": True}},
+            ("float8.enable_float8_linear",),
+            {"float8.enable": True},
+        ),
+        # RMSNorm kernels (2024-04 .. 07): the same norm
+        ("2024", {"model": {"norm_type": "fused_rmsnorm"}}, (), {}),
+        ("2024", {"model": {"norm_type": "compiled_rmsnorm"}}, (), {}),
+        # 2025: FSDP resharding under [training] (2025-02 .. 03), the weights-only last save (2025-06 .. 07),
+        # filter_fqns as a string (2025-04) and with a name no Llama 3 linear has (2025-10)
+        (
+            "2025",
+            {"training": {"fsdp_reshard_after_forward": "never"}},
+            (),
+            {"parallelism.fsdp_reshard_after_forward": "never"},
+        ),
+        (
+            "2025",
+            {"checkpoint": {"last_save_model_weights_only": False}},
+            ("checkpoint.last_save_model_only",),
+            {"checkpoint.last_save_model_only": False},
+        ),
+        ("2025", {"float8": {"filter_fqns": "output"}}, (), {}),
+        ("2025", {"float8": {"filter_fqns": ["output", "router.gate"]}}, (), {}),
+        # 2025-09: [quantize.dense.float8] before it became [quantize.linear.float8]; MX / grouped-GEMM filters
+        (
+            "2026",
+            {"quantize.dense.float8": {"enable_fsdp_float8_all_gather": True}},
+            (),
+            {"float8.enable_fsdp_float8_all_gather": True},
+        ),
+        (
+            "2026",
+            {"quantize.linear.mx": {"filter_fqns": ["output"]}, "quantize.grouped_mm.float8": {"fqns": []}},
+            (),
+            {},
+        ),
+        # the profiler's window (2025-10): dropped with the nearest, not refused
+        ("2026", {"profiling": {"profiler_active": 10, "profiler_warmup": 0}}, (), {}),
+    ],
+)
+def test_keys_of_other_months_convert(era, edits, drop, expect):
+    conv = compat.convert(_variant(era, edits, drop), "variant.toml")
+    for dotted, value in expect.items():
+        section, key = dotted.split(".", 1)
+        assert conv.config.get(section, {}).get(key) == value, (dotted, conv.config.get(section))
+    text = "\n".join(t for _, t in conv.decisions)
+    for section, values in edits.items():
+        for key in values:
+            assert f"{section}.{key}" in text  # every key is explained
+
+
+@pytest.mark.parametrize(
+    "era, edits, words",
+    [
+        ("2024", {"training": {"fp8_linear": "delayed"}}, "scales dynamically"),
+        ("2024", {"model": {"norm_type": "layernorm"}}, "only norm here"),
+        ("2025", {"float8": {"filter_fqns": ["output", "feed_forward.w2"]}}, "not by name"),
+        ("2024", {"profiling": {"run_profiler": True}}, "first months"),
+        ("2024", {"training": {"checkpoint_folder": "ckpt"}}, "first months"),
+    ],
+)
+def test_values_of_other_months_that_cannot_be_expressed(era, edits, words):
+    with pytest.raises(compat.ConversionError, match=words):
+        compat.convert(_variant(era, edits), "variant.toml")
+
+
+@pytest.mark.parametrize(
+    "name, flavor, shape",
+    [
+        # torchtitan's Llama 2 model: "llama2" from 2024-04-19 to 2024-12-03, "llama" before (2 debug layers then)
+        ("llama2", "7B", {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32}),
+        ("llama2", "13B", {"dim": 5120, "n_layers": 40, "n_heads": 40, "n_kv_heads": 40}),
+        (
+            "llama2",
+            "70B",
+            {
+                "dim": 8192,
+                "n_layers": 80,
+                "n_heads": 64,
+                "n_kv_heads": 8,
+                "ffn_dim_multiplier": 1.3,
+                "multiple_of": 4096,
+            },
+        ),
+        ("llama", "debugmodel", {"dim": 256, "n_layers": 2, "n_heads": 16, "n_kv_heads": 16}),
+    ],
+)
+def test_torchtitans_llama2_models_convert_to_their_shapes(name, flavor, shape, tmp_path):
+    from torchtitan.models import model_args_from_config
+
+    conv = compat.convert(_variant("2024", {"model": {"name": name, "flavor": flavor}}), "llama2.toml")
+    model = conv.config["model"]
+    assert model["name"] == "llama3" and model["flavor"] == "custom" and model["rope_theta"] == 10000.0
+    assert {k: model[k] for k in shape} == shape
+    assert (
+        model["vocab_size"] == compat.LLAMA2_VOCAB
+    )  # the file's tokenizer is not here: Llama 2's, with a warning
+    assert any("32,000 is Llama 2's" in t for _, t in conv.decisions)
+    out = tmp_path / "ours.toml"
+    out.write_text(compat.to_toml(conv, "llama2.toml"))
+    cfg = parse_args([f"--job.config_file={out}"])
+    args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    if flavor == "7B":
+        assert args.ffn_hidden_dim == 11008  # Llama 2 7B
+    if flavor == "70B":
+        assert args.ffn_hidden_dim == 28672  # Llama 2 70B
+
+
 def test_local_dataset_paths_and_the_written_file(tmp_path, capsys):
     from torchtitan.preflight import main as preflight_main
 

@@ -11,6 +11,12 @@ them with Python config registries; v0.2.2 is its last release with TOML. Its ll
 - "2026" (the last files, to Feb 2026): model.hf_assets_path, checkpoint.enable, [compile],
   [quantize.linear.float8], lr_scheduler.min_lr_factor, validation.enable, job.print_config.
 
+Between and before them, keys of single months convert too (the table names them: one data-parallel degree and
+float8 switches under [training] in 2024, FSDP resharding under [training] in early 2025, [quantize.dense.float8] in
+Sep 2025, ...), and torchtitan's Llama 2 model ("llama", then "llama2", until Dec 2024) converts to its shape. The keys
+of its first months, before its public release (Apr 2024), stop with one line. scripts/convert_torchtitan_history.py
+converts every llama file of a torchtitan clone's history.
+
 `convert(toml_dict)` turns such a file into our sections and explains every key (scripts/convert_torchtitan_config.py
 prints the explanations and writes the TOML). What each torchtitan key is here (the table the parser shares) is
 torchtitan_keys.py.
@@ -405,15 +411,77 @@ def _recipe(c: _Converter, k, v):
         c.fail(k, v, "recipes here: tensorwise, rowwise")
 
 
+# The linear layers of torchtitan's llama3 model (its FQNs, which ours shares), up to the 126 blocks of 405B: a
+# filter_fqns name skips every linear whose FQN contains it.
+_BLOCK_LINEARS = [
+    f"layers.{i}.{m}"
+    for i in range(126)
+    for m in ("attention.wq", "attention.wk", "attention.wv", "attention.wo")
+    + ("feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
+]
+
+
 def _filter_fqns(c: _Converter, k, v):
-    if set(v) <= {"output", "auto_filter_small_kn"}:
+    # a comma-separated string in torchtitan's files of early 2025 ("output"), a list later
+    names = [n.strip() for n in v.split(",") if n.strip()] if isinstance(v, str) else list(v)
+    skips = [
+        n
+        for n in names
+        if n not in ("output", "auto_filter_small_kn") and any(n in f for f in _BLOCK_LINEARS)
+    ]
+    if skips:
+        c.fail(k, v, "ours filters by size (float8.min_dim) and always skips the output head, not by name")
+    unmatched = [n for n in names if n not in ("output", "auto_filter_small_kn")]
+    c.say(
+        "dropped",
+        f"{k} = {_fmt(v)}: already our behaviour: the output head is never converted, and linears with a"
+        " dimension below float8.min_dim (1024) stay in high precision"
+        + (f" ({', '.join(unmatched)}: no linear of a Llama 3 model has that name)" if unmatched else ""),
+    )
+
+
+def _model_key(c: _Converter, k, v):
+    """model.name / model.flavor: kept for a llama3 model; a Llama 2 model's are written by _llama2."""
+    if c.keys.get("model.name", "llama3") == "llama3":
+        c.put(k, v, k)
+
+
+def _norm_type(c: _Converter, k, v):
+    if v in ("rmsnorm", "fused_rmsnorm", "compiled_rmsnorm"):
         c.say(
             "dropped",
-            f"{k} = {_fmt(v)}: already our behaviour: the output head is never converted, and linears with a"
-            " dimension below float8.min_dim (1024) stay in high precision",
+            f"{k} = {_fmt(v)}: RMSNorm, the only norm here"
+            + (
+                "; torchtitan's fused / compiled variants were kernels of the same norm (ours: torch's RMSNorm,"
+                " fused by compile.enable)"
+                if v != "rmsnorm"
+                else ""
+            ),
         )
     else:
-        c.fail(k, v, "ours filters by size (float8.min_dim) and always skips the output head, not by name")
+        c.fail(k, v, "Llama uses RMSNorm; it is the only norm here")
+
+
+def _fp8_linear(c: _Converter, k, v):
+    """torchtitan's float8 switch of 2024: a string ("" or "dynamic") until 2024-07, then a bool meaning dynamic."""
+    if v in ("", False):
+        c.say("dropped", f"{k} = {_fmt(v)}: float8 off, as here by default")
+    elif v in ("dynamic", True):
+        c.put("float8.enable", True, k, "moved", "dynamic (tensorwise) scaling, as ours")
+    else:
+        c.fail(k, v, "ours scales dynamically (torchao's delayed scaling was removed)")
+
+
+def _profiler_window(c: _Converter, k, v):
+    default = 1 if k.endswith("active") else 3
+    if v == default:
+        c.say("dropped", f"{k} = {v}: torchtitan's default, the same window as ours")
+    else:
+        c.say(
+            "unsupported",
+            f"{k} = {v}: dropped; ours records one step per profiling.profile_freq window after a warm-up of its"
+            " own (torchtitan's default window)",
+        )
 
 
 def _comm_mode(c: _Converter, k, v):
@@ -461,8 +529,14 @@ _CUSTOM = {
     "comm.mode": _comm_mode,
     "memory_estimation.enabled": _memory_estimation,
     "memory_estimation.enable": _memory_estimation,
+    "model.norm_type": _norm_type,
+    "training.fp8_linear": _fp8_linear,
+    "model.name": _model_key,
+    "model.flavor": _model_key,
+    "profiling.profiler_active": _profiler_window,
+    "profiling.profiler_warmup": _profiler_window,
 }
-for _prefix in ("float8", "quantize.linear.float8"):
+for _prefix in ("float8", "quantize.linear.float8", "quantize.dense.float8"):
     _CUSTOM[f"{_prefix}.recipe_name"] = _recipe
     _CUSTOM[f"{_prefix}.filter_fqns"] = _filter_fqns
 
@@ -470,12 +544,61 @@ for _prefix in ("float8", "quantize.linear.float8"):
 # ---- the model: flavor shapes, RoPE scaling and vocabulary by era
 
 
+# torchtitan's Llama 2 flavors: `llama_configs` while its model was named "llama" (to 2024-04-18), then
+# `llama2_configs` under "llama2" until PR #712 removed them (2024-12-03), torchtitan/models/llama/__init__.py; its
+# ModelArgs defaults fill the rest: FFN multiple_of 256 and no multiplier, RoPE theta 10,000, no GQA, norm eps 1e-5
+# (ours too), the vocabulary from the tokenizer (Llama 2's sentencepiece model: 32,000).
+_LLAMA2_FLAVORS = {
+    "debugmodel": {"dim": 256, "n_layers": 8, "n_heads": 16},
+    "271M": {"dim": 1024, "n_layers": 16, "n_heads": 8},
+    "1B": {"dim": 2048, "n_layers": 18, "n_heads": 16},
+    "7B": {"dim": 4096, "n_layers": 32, "n_heads": 32},
+    "13B": {"dim": 5120, "n_layers": 40, "n_heads": 40},
+    "26B": {"dim": 5120, "n_layers": 80, "n_heads": 40},
+    "70B": {
+        "dim": 8192,
+        "n_layers": 80,
+        "n_heads": 64,
+        "n_kv_heads": 8,
+        "ffn_dim_multiplier": 1.3,
+        "multiple_of": 4096,
+    },
+}
+LLAMA2_VOCAB = 32000
+
+
+def _llama2(c: _Converter, name: str, flavor: str) -> None:
+    """A torchtitan Llama 2 model ("llama" / "llama2"): our llama3 model with the flavor's shape written out."""
+    if flavor not in _LLAMA2_FLAVORS:
+        c.fail("model.flavor", flavor, f"torchtitan's Llama 2 flavors: {', '.join(_LLAMA2_FLAVORS)}")
+    shape = dict(_LLAMA2_FLAVORS[flavor])
+    if flavor == "debugmodel" and name == "llama":
+        shape["n_layers"] = 2  # 8 layers only from 2024-06-17 (torchtitan ae3d2a9bc)
+    shape.setdefault("n_kv_heads", shape["n_heads"])
+    c.put("model.name", "llama3", "model.name", "renamed",
+          f"torchtitan's {name} model is the same Transformer with Llama 2's shapes; written out below")  # fmt: skip
+    c.put("model.flavor", "custom", "model.flavor", "renamed", f"torchtitan's {name} {flavor}")
+    for key, value in shape.items():
+        c.put(f"model.{key}", value, "model.flavor", "shape", f"torchtitan's {name} {flavor}")
+    c.put("model.rope_theta", 10000.0, "model.flavor", "shape", "Llama 2's RoPE base")
+    if flavor == "debugmodel" and name == "llama2":
+        c.say(
+            "info",
+            "torchtitan's Llama 2 debugmodel had 2 layers before 2024-06-17: set model.n_layers = 2 for such a file",
+        )
+
+
 def _model(c: _Converter, tokenizer_override: str | None) -> None:
     name = c.keys.get("model.name", "llama3")
-    if name not in ("llama3", "llama"):
-        c.fail("model.name", name, "only llama3 is supported here")
+    if name not in ("llama3", "llama", "llama2"):
+        c.fail(
+            "model.name", name, "torchtitan's llama3 and Llama 2 (llama / llama2) models are supported here"
+        )
     flavor = c.keys.get("model.flavor", "debugmodel")
-    if flavor not in _FLAVORS:
+    llama2 = name != "llama3"
+    if llama2:
+        _llama2(c, name, flavor)
+    elif flavor not in _FLAVORS:
         c.fail(
             "model.flavor",
             flavor,
@@ -505,7 +628,10 @@ def _model(c: _Converter, tokenizer_override: str | None) -> None:
         " Face tokenizer.json folder or a sentencepiece model; a relative path is taken from where you launch",
     )
     scaled = c.era == "2026"
-    if flavor == "debugmodel":
+    if llama2:
+        _vocab_from_tokenizer(c, tok_path, f"torchtitan's {name} model took its vocabulary size from the tokenizer",
+                              fallback=LLAMA2_VOCAB)  # fmt: skip
+    elif flavor == "debugmodel":
         c.put(
             "model.n_kv_heads",
             16,
@@ -541,6 +667,18 @@ def _model(c: _Converter, tokenizer_override: str | None) -> None:
 def _debug_vocab(c: _Converter, tok_path: str) -> None:
     """torchtitan's debugmodel took its vocabulary size from the tokenizer (fixed 2,048 in its last files, with
     a smaller test tokenizer); ours has 2,048 and requires the tokenizer's size exactly."""
+    why = (
+        "torchtitan's debugmodel took its vocabulary size from the tokenizer"
+        if c.era != "2026"
+        else "torchtitan's debugmodel had 2,048 embedding rows whatever the tokenizer's size; ours needs exactly"
+        " the tokenizer's size"
+    )
+    _vocab_from_tokenizer(c, tok_path, why)
+
+
+def _vocab_from_tokenizer(c: _Converter, tok_path: str, why: str, fallback: int | None = None) -> None:
+    """model.vocab_size = the tokenizer's size (ours requires it exactly); when the tokenizer cannot be read here,
+    `fallback` with a warning, or no line and a warning."""
     from torchtitan.data.tokenizer import build_tokenizer
 
     if c.get("model.vocab_size") is not None:
@@ -548,19 +686,18 @@ def _debug_vocab(c: _Converter, tok_path: str) -> None:
     try:
         size = build_tokenizer(tok_path).vocab_size
     except UserError as e:
-        c.say(
-            "warning",
-            f"model.vocab_size not written: the tokenizer could not be read here ({e}); our debugmodel has 2,048"
-            " tokens and must match the tokenizer: set model.vocab_size (preflight tells the size) or convert"
-            " again with --tokenizer-path",
-        )
+        if fallback is None:
+            c.say(
+                "warning",
+                f"model.vocab_size not written: the tokenizer could not be read here ({e}); our debugmodel has"
+                " 2,048 tokens and must match the tokenizer: set model.vocab_size (preflight tells the size) or"
+                " convert again with --tokenizer-path",
+            )
+            return
+        c.put("model.vocab_size", fallback, "model.flavor", "shape",
+              f"the tokenizer could not be read here ({e}); {fallback:,} is Llama 2's: check it, or convert again"
+              " with --tokenizer-path")  # fmt: skip
         return
-    why = (
-        "torchtitan's debugmodel took its vocabulary size from the tokenizer"
-        if c.era != "2026"
-        else "torchtitan's debugmodel had 2,048 embedding rows whatever the tokenizer's size; ours needs exactly"
-        " the tokenizer's size"
-    )
     c.put("model.vocab_size", size, "model.flavor", "shape", f"{why}: {tok_path} has {size}")
 
 

@@ -58,6 +58,17 @@ def _custom(target=None, note=""):
     return Rule("custom", target, note)
 
 
+_PRERELEASE = "a key of torchtitan's first months (Feb - Apr 2024, before its public release); "
+_PRERELEASE_KEYS = {
+    "profiling.run_profiler": "nearest: profiling.enable_profiling",
+    "profiling.profile_every_x_iter": "nearest: profiling.profile_freq",
+    "training.warmup_pct": "nearest: lr_scheduler.warmup_steps (a step count)",
+    "training.sequence_parallel_degree": "nearest: parallelism.tensor_parallel_degree (with sequence parallel)",
+    "training.checkpoint_interval": "nearest: checkpoint.interval (in steps)",
+    "training.checkpoint_interval_type": "nearest: checkpoint.interval (in steps)",
+    "training.checkpoint_folder": "nearest: checkpoint.enable and checkpoint.folder",
+    "training.enable_selective_ac": "nearest: activation_checkpoint.mode",
+}
 _DATA_FILES = "ours reads .json/.jsonl/.parquet/.txt files (a file, a glob or a folder of them)"
 _FLOAT8 = {
     "enable_float8_linear": _rn("float8.enable"),
@@ -79,21 +90,27 @@ _FLOAT8 = {
 KEYS: dict[str, Rule] = {
     "job.print_args": _rn("job.print_config"),
     "job.use_for_integration_test": _drop("a marker for torchtitan's own CI; it changes nothing in a run"),
+    "metrics.use_for_integration_test": _drop(
+        "a marker for torchtitan's own CI; it changes nothing in a run"
+    ),
     "job.save_config_file": _unsup(
         "ours writes the effective config to <dump_folder>/config.toml", (None, "")
     ),
     "job.custom_config_module": _unsup("no Python is executed from configs here", ("",)),
     "profiling.enable_memory_snapshot": _custom("profiling.memory_snapshot_steps"),
     "profiling.save_memory_snapshot_folder": _rn("profiling.memory_snapshot_folder"),
-    "profiling.profiler_active": _unsup("ours records one step per profile_freq window", (1,)),
-    "profiling.profiler_warmup": _unsup("ours warms the profiler up by itself", (3,)),
+    "profiling.profiler_active": _custom(note="ours records one step per profile_freq window"),
+    "profiling.profiler_warmup": _custom(note="ours warms the profiler up by itself"),
     "metrics.disable_color_printing": _drop("our log lines carry no colour codes"),
+    "metrics.enable_color_printing": _drop("our log lines carry no colour codes"),
     "metrics.save_tb_folder": _drop("TensorBoard files always go to <dump_folder>/tb here", ("tb",)),
     "metrics.rank_0_only": _drop("rank 0 writes TensorBoard here", (True,)),
     "metrics.save_for_all_ranks": _unsup(
         "nearest: metrics.wandb_every_rank (one W&B run per rank)", (False,)
     ),
-    "model.norm_type": _drop("Llama 3 uses RMSNorm; it is the only norm here", ("rmsnorm",)),
+    "model.norm_type": _custom(),
+    "model.name": _custom("model.name"),
+    "model.flavor": _custom("model.flavor"),
     "model.hf_assets_path": _custom("model.tokenizer_path"),
     "model.converters": _custom("float8.enable"),
     "model.print_after_conversion": _unsup("no such printout here", (False,)),
@@ -103,6 +120,16 @@ KEYS: dict[str, Rule] = {
     "lr_scheduler.total_steps": _unsup("the schedule spans training.steps here", (None,)),
     "training.batch_size": _rn("training.local_batch_size"),
     "training.warmup_steps": _rn("lr_scheduler.warmup_steps"),
+    "training.data_parallel_degree": _rn(
+        "parallelism.data_parallel_shard_degree",
+        "torchtitan's one data-parallel degree of 2024, FSDP over the ranks the other degrees leave, before its"
+        " replicate / shard split",
+    ),
+    "training.pipeline_parallel_degree": _rn("parallelism.pipeline_parallel_degree"),
+    "training.fsdp_reshard_after_forward": _rn("parallelism.fsdp_reshard_after_forward"),
+    "training.fp8_linear": _custom("float8.enable"),
+    "training.enable_fp8_linear": _rn("float8.enable"),
+    "training.enable_float8_linear": _rn("float8.enable"),
     "training.data_parallel_replicate_degree": _rn("parallelism.data_parallel_replicate_degree"),
     "training.data_parallel_shard_degree": _rn("parallelism.data_parallel_shard_degree"),
     "training.tensor_parallel_degree": _rn("parallelism.tensor_parallel_degree"),
@@ -159,6 +186,7 @@ KEYS: dict[str, Rule] = {
     "checkpoint.enable_checkpoint": _rn("checkpoint.enable"),
     "checkpoint.interval_type": _drop("checkpoint.interval counts steps here", ("steps",)),
     "checkpoint.model_weights_only": _rn("checkpoint.last_save_model_only"),
+    "checkpoint.last_save_model_weights_only": _rn("checkpoint.last_save_model_only"),
     "checkpoint.async_mode": _custom("checkpoint.async_mode"),
     "checkpoint.exclude_from_loading": _unsup("a resume loads everything here", ([],)),
     "checkpoint.enable_first_step_checkpoint": _unsup("nearest: checkpoint.create_seed_checkpoint", (False,)),
@@ -227,7 +255,25 @@ KEYS: dict[str, Rule] = {
     "debug.deterministic_warn_only": _unsup("deterministic mode raises here", (False,)),
     "debug.moe_force_load_balance": _drop("no MoE models here"),
     **{f"float8.{k}": r for k, r in _FLOAT8.items()},
-    **{f"quantize.linear.float8.{k}": r for k, r in _FLOAT8.items() if k != "enable_float8_linear"},
+    # [quantize.linear.float8] was [quantize.dense.float8] for a few weeks (Sep 2025)
+    **{
+        f"quantize.{part}.float8.{k}": r
+        for part in ("linear", "dense")
+        for k, r in _FLOAT8.items()
+        if k != "enable_float8_linear"
+    },
+    **{
+        k: _drop(
+            "a setting of torchtitan's MX or grouped-GEMM (MoE) converters, used only when model.converters names them"
+        )
+        for k in (
+            "quantize.linear.mx.filter_fqns",
+            "quantize.grouped_mm.float8.fqns",
+            "quantize.grouped_mm.mx.fqns",
+        )
+    },
+    # torchtitan's first months (Feb - Mar 2024, partly as "torchtrain", before its public release in Apr 2024)
+    **{k: _unsup(_PRERELEASE + note, ()) for k, note in _PRERELEASE_KEYS.items()},
 }
 # Names a parser user may type from torchtitan's docs: the table's renames answer them directly.
 _PROSE = {
