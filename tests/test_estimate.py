@@ -118,6 +118,25 @@ def test_accuracy_uses_the_comparable_rows_and_widens_when_none_match():
     assert accuracy.comparable(rows, "Hopper", "data parallel", "decode tokens/s") is None
 
 
+def test_the_fits_verdict_counts_the_comparable_errors_that_would_turn_it_over():
+    """A plan's peak at `ratio` of the capacity: actual = estimate / (1 + error), so a row estimated low by more than
+    the headroom (1 + error < ratio) would not fit, and for a plan above the capacity a row estimated high by more than
+    the excess (1 + error > ratio) would fit."""
+    from torchtitan.estimate import accuracy
+
+    rows = [dict(what="memory GiB", device="H100 SXM", layout="data parallel", error=e, goal=0.10)
+            for e in (-0.20, -0.06, -0.03, 0.0, 0.04, 0.12)]  # fmt: skip
+    fits = accuracy.comparable(rows, "Hopper", "data parallel", "memory GiB", ratio=0.95)
+    assert fits["verdict_flipped_by"] == 2  # -20 % and -6 %: under by more than 5 %
+    over = accuracy.comparable(rows, "Hopper", "data parallel", "memory GiB", ratio=1.05)
+    assert over["verdict_flipped_by"] == 1  # +12 %: over by more than 5 %
+    assert "verdict_flipped_by" not in accuracy.comparable(rows, "Hopper", "data parallel", "memory GiB")
+    lines = accuracy.report_lines({"memory GiB": {**fits, "peak_over_capacity": 0.95}})
+    assert "5.0 % below the memory the device leaves" in lines[-1]
+    assert "2 of these 6 runs' peaks were estimated low by more" in lines[-1]
+    assert "would not fit" in lines[-1]
+
+
 def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, capsys):
     """What the CLI adds to a training or inference estimate: the validation table's errors on the rows of the same
     device family and layout kind (here every Hopper FSDP-only row; the A100 single-GPU decode rows), in the report

@@ -15,6 +15,12 @@ step's per-layer overhead fitted without its own source. That takes one to two s
 per estimate (training and inference; a search: its best layout), not to each layout a search ranks.
 Inference estimates are compared on the decode rows (gpt-fast's and torchao's tables), whose layout kind is one
 device or tensor parallel.
+
+The same errors say how sure a training plan's FITS / DOES NOT FIT is: a comparable published peak whose estimate
+was low by more than this plan's headroom (estimate / (device memory - the CUDA context) - 1, the fits check's) would,
+at that error, not fit, and one high by more than its excess would fit. `accuracy_of` counts them (`verdict_flipped_by`); the report prints the count when it
+is not zero (torchtitan#533's GPT-2-sized run on 4 x 96 GB H100s: batch 5 published 81.67 GiB, estimated 75.95,
+-7.0 %; "the max local batch size is 5", where batch 6 is estimated 90.76 GiB of 94.04 usable, FITS by 3.5 %).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import statistics
 
 from . import rates, validation
+from .efficiency import DEFAULT
 
 # a silicon twin (rates.SILICON_TWINS: H800, A800, MI325X) is in its twin's family
 FAMILIES = {
@@ -41,8 +48,10 @@ def family(device: str) -> str:
     return next((f for f, names in FAMILIES.items() if part in names), device)
 
 
-def comparable(rows: list[dict], fam: str, kind: str, what: str) -> dict | None:
-    """Errors of the table rows of quantity `what` closest to (device family `fam`, layout kind), and their scope."""
+def comparable(rows: list[dict], fam: str, kind: str, what: str, ratio: float | None = None) -> dict | None:
+    """Errors of the table rows of quantity `what` closest to (device family `fam`, layout kind), and their scope.
+    `ratio` (this plan's estimated peak / the device's capacity): also count the rows whose error, applied to this
+    plan (actual = estimate / (1 + error)), would turn its fits verdict over (`verdict_flipped_by`)."""
     rows = [r for r in rows if r["what"] == what and "device" in r]
     for scope, keep in (
         (f"{fam}, {kind}", lambda r: family(r["device"]) == fam and r["layout"] == kind),
@@ -52,9 +61,12 @@ def comparable(rows: list[dict], fam: str, kind: str, what: str) -> dict | None:
         errors = [r["error"] for r in rows if keep(r)]
         if errors:
             goal = next(r["goal"] for r in rows if keep(r))
-            return {"scope": scope, "figures": len(errors), "median_error": statistics.median(errors),
-                    "min_error": min(errors), "max_error": max(errors),
-                    "within_goal": sum(abs(e) <= goal for e in errors), "goal": goal}  # fmt: skip
+            out = {"scope": scope, "figures": len(errors), "median_error": statistics.median(errors),
+                   "min_error": min(errors), "max_error": max(errors),
+                   "within_goal": sum(abs(e) <= goal for e in errors), "goal": goal}  # fmt: skip
+            if ratio is not None:  # actual > capacity <=> 1 + error < ratio
+                out["verdict_flipped_by"] = sum((1 + e < ratio) == (ratio <= 1) for e in errors)
+            return out
     return None
 
 
@@ -66,8 +78,21 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
     whats = QUANTITIES["CPU" if case["device"] == "CPU" else estimate["mode"]]
     if rows is None:
         rows = validation.cross_validated(quantities=whats)
-    found = {what: comparable(rows, family(case["device"]), case["layout"], what) for what in whats}
-    return {what: a for what, a in found.items() if a}
+    ratio = None
+    if (
+        estimate["mode"] == "training" and case["device"] != "CPU"
+    ):  # the fits check's: the peak + the CUDA context
+        ratio = estimate["memory_gib"] / (estimate["hardware"]["memory_gib"] - DEFAULT.cuda_context_gib)
+    found = {
+        what: comparable(
+            rows, family(case["device"]), case["layout"], what, ratio if what == "memory GiB" else None
+        )
+        for what in whats
+    }
+    out = {what: a for what, a in found.items() if a}
+    if ratio is not None and "memory GiB" in out:
+        out["memory GiB"]["peak_over_capacity"] = ratio
+    return out
 
 
 def report_lines(acc: dict) -> list[str]:
@@ -85,4 +110,12 @@ def report_lines(acc: dict) -> list[str]:
             f"{'accuracy' if not lines else '':<10} {what}: on {n} published run{'s' if n > 1 else ''} ({a['scope']})"
             f" estimate / published - 1 = {spread}; {a['within_goal']} within {a['goal'] * 100:.0f} %"
         )
+        if a.get("verdict_flipped_by"):
+            ratio, fits = a["peak_over_capacity"], a["peak_over_capacity"] <= 1
+            lines.append(
+                f"{'':<10} the peak is {abs(ratio - 1) * 100:.1f} % {'below' if fits else 'above'} the memory the"
+                " device leaves beside the CUDA context;"
+                f" {a['verdict_flipped_by']} of these {n} runs' peaks were estimated {'low' if fits else 'high'} by"
+                f" more: at their error this plan would {'not fit' if fits else 'fit'}"
+            )
     return lines
