@@ -272,7 +272,7 @@ KEYS: dict[str, Rule] = {
             "quantize.grouped_mm.mx.fqns",
         )
     },
-    # torchtitan's first months (Feb - Mar 2024, partly as "torchtrain", before its public release in Apr 2024)
+    # torchtitan's first months (Feb - Apr 2024, partly as "torchtrain", before its public release)
     **{k: _unsup(_PRERELEASE + note, ()) for k, note in _PRERELEASE_KEYS.items()},
 }
 # Names a parser user may type from torchtitan's docs: the table's renames answer them directly.

@@ -17,10 +17,11 @@ Inference estimates are compared on the decode rows (gpt-fast's and torchao's ta
 device or tensor parallel.
 
 The same errors say how sure a training plan's FITS / DOES NOT FIT is: a comparable published peak whose estimate
-was low by more than this plan's headroom (estimate / (device memory - the CUDA context) - 1, the fits check's) would,
-at that error, not fit, and one high by more than its excess would fit. `accuracy_of` counts them (`verdict_flipped_by`); the report prints the count when it
-is not zero (torchtitan#533's GPT-2-sized run on 4 x 96 GB H100s: batch 5 published 81.67 GiB, estimated 75.95,
--7.0 %; "the max local batch size is 5", where batch 6 is estimated 90.76 GiB of 94.04 usable, FITS by 3.5 %).
+was low by more than this plan's headroom (estimate / (device memory - the CUDA context) - 1, the fits check's)
+would, at that error, not fit, and one high by more than its excess would fit. `accuracy_of` counts them
+(`verdict_flipped_by`); the report prints the count when it is not zero (torchtitan#533's GPT-2-sized run on 4 x 96
+GB H100s: batch 5 published 81.67 GiB, estimated 75.95, -7.0 %; "the max local batch size is 5", where batch 6 is
+estimated 90.76 GiB of 94.04 usable, FITS by 3.5 %).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def family(device: str) -> str:
 
 def comparable(rows: list[dict], fam: str, kind: str, what: str, ratio: float | None = None) -> dict | None:
     """Errors of the table rows of quantity `what` closest to (device family `fam`, layout kind), and their scope.
-    `ratio` (this plan's estimated peak / the device's capacity): also count the rows whose error, applied to this
-    plan (actual = estimate / (1 + error)), would turn its fits verdict over (`verdict_flipped_by`)."""
+    `ratio` (this plan's estimated peak / the device's memory less the CUDA context): also count the rows whose
+    error, applied to this plan (actual = estimate / (1 + error)), would turn its fits verdict over
+    (`verdict_flipped_by`)."""
     rows = [r for r in rows if r["what"] == what and "device" in r]
     for scope, keep in (
         (f"{fam}, {kind}", lambda r: family(r["device"]) == fam and r["layout"] == kind),
