@@ -701,6 +701,32 @@ def test_every_measured_run_fits():
             assert training_estimate(REF, row)["fits"], row["id"]
 
 
+# Published out-of-memory facts (the reference file's [[oom]] rows) the estimate still says fit, with the reason.
+OOM_OUTSIDE = {
+    "h100_gpt2shape_fsdp4_b6_no_ac_compile_pr533_oom": (
+        "torchtitan#533's compiled GPT-2-sized run on 4 H100 96GB: 'the max local batch size is 5'. Batch 6 is"
+        " estimated at 90.76 GiB, 3.5 % below the 94.04 the device leaves beside the CUDA context; batch 5's published"
+        " 81.67 GiB is estimated 75.95 (-7.0 %, within the memory goal), and batch 5's figure plus the estimate's 14.8"
+        " GiB per sequence is 96.5: the boundary sits inside the memory goal of the capacity. The report says so"
+        " (accuracy.py: 4 of 58 comparable peaks were estimated low by more than the headroom)"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(r, id=r["id"], marks=[pytest.mark.xfail(strict=True, reason=OOM_OUTSIDE[r["id"]])])
+        if r["id"] in OOM_OUTSIDE
+        else pytest.param(r, id=r["id"])
+        for r in REF["oom"]
+    ],
+)
+def test_every_published_out_of_memory_run_does_not_fit(row):
+    assert row["source"] in REF["sources"] and row["table"]
+    assert not training_estimate(REF, row)["fits"]
+
+
 def test_efficiency_fields_are_not_rates():
     """Compute rates live in rates.py with their sources; Efficiency keeps bandwidth fractions and structure."""
     names = {f.name for f in dataclasses.fields(validation.DEFAULT)}
