@@ -137,6 +137,9 @@ def test_every_file_converts_and_passes_preflight_at_its_world_size(era, name, t
     cfg = conv.config
     if debug:
         assert cfg["model"]["n_kv_heads"] == 16  # torchtitan's debugmodel has no GQA
+        assert cfg["model"].get("n_layers") == (
+            8 if era == "2024" else None
+        )  # 8 blocks until 2025-04, 6 since
         assert cfg["model"]["vocab_size"] == (2256 if era == "2024" else 2004)  # from the tokenizer
         assert cfg["model"].get("rope_scaling_factor") == (8.0 if era == "2026" else None)
         assert cfg["data"]["dataset"] == "debug_corpus"  # c4_test

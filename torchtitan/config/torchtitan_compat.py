@@ -639,6 +639,7 @@ def _model(c: _Converter, tokenizer_override: str | None) -> None:
             "shape",
             "torchtitan's debugmodel has 16 key/value heads (no GQA); ours has 4: delete this line for ours",
         )
+        _debug_layers(c)
         if scaled:
             c.put(
                 "model.rope_scaling_factor",
@@ -662,6 +663,19 @@ def _model(c: _Converter, tokenizer_override: str | None) -> None:
         c.say(
             "info", f"model.flavor {flavor}: Llama 3.1 RoPE scaling (factor 8), as in torchtitan's last files"
         )
+
+
+def _debug_layers(c: _Converter) -> None:
+    """torchtitan's llama3 debugmodel had 2 blocks until 2024-06-16, 8 from ae3d2a9bc (2024-06-17) and 6, as ours,
+    from f64cf3c18 (2025-04-15). The era's keys date a file: the 2024 keys end in 2025-03, training.batch_size in
+    2025-06 (training.local_batch_size from 2025-06-05)."""
+    if c.era == "2024":
+        c.put("model.n_layers", 8, "model.flavor", "shape",
+              "torchtitan's debugmodel had 8 blocks from 2024-06-17 to 2025-04-14 (6 since, as ours); a file older than"
+              " 2024-06-17 had 2: set 2 for it")  # fmt: skip
+    elif c.era == "2025" and "training.batch_size" in c.keys:
+        c.say("info", "model.n_layers: torchtitan's debugmodel had 8 blocks until 2025-04-14 and 6 (ours) since; a file"
+              " of before 2025-04-15 needs model.n_layers = 8")  # fmt: skip
 
 
 def _debug_vocab(c: _Converter, tok_path: str) -> None:
