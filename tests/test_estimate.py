@@ -869,6 +869,22 @@ def test_search_cli(capsys):
     assert "layouts fit; the 3 fastest" in out and out.count("\n  1 ") + out.count("\n  3 ") == 2
     assert "best: --parallelism.data_parallel_replicate_degree=" in out
     assert "accuracy   tokens/s/device: on" in out  # the comparable published runs of the best layout's kind
+    # each shown layout: how many comparable published peaks, at their error, would make it not fit
+    assert " at risk " in out.splitlines()[1] and "at risk: of the comparable published runs" in out
+
+
+def test_search_json_carries_each_layouts_risk(tmp_path):
+    out = tmp_path / "s.json"
+    assert estimate_main([*H100, "--model.flavor=8B", "--estimate.num_devices=8", "--estimate.search=true",
+                          "--estimate.search_top=4", f"--estimate.json={out}"]) == 0  # fmt: skip
+    data = json.loads(out.read_text())
+    for r in data["layouts"]:
+        mem = r["validation"]["memory GiB"]
+        assert 0 <= mem["verdict_flipped_by"] <= mem["figures"]
+        assert mem["peak_over_capacity"] == pytest.approx(
+            r["memory_gib"] / (r["hardware"]["memory_gib"] - 1.0)
+        )
+    assert data["validation"] == data["layouts"][0]["validation"]  # the best layout's, not computed twice
 
 
 # ---------------------------------------------------------------- inference

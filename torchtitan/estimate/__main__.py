@@ -66,8 +66,15 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
         text = inference_report(result)
     elif est.search:
         results = search(cfg, calibration)
+        shown = results[: est.search_top]
+        if est.accuracy and shown:  # each shown layout's comparable errors (its column "at risk")
+            from .accuracy import accuracy_of, rows_for
+
+            rows = rows_for(shown[0])
+            for r in shown:
+                r["validation"] = accuracy_of(r, rows)
         text = search_report(results, est.search_top)
-        result = {"mode": "search", "fitting_layouts": len(results), "layouts": results[: est.search_top]}
+        result = {"mode": "search", "fitting_layouts": len(results), "layouts": shown}
     else:
         result = estimate_plan(build_plan(cfg, calibration))
         text = training_report(result)
@@ -76,7 +83,7 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
     if est.accuracy and best is not None:
         from .accuracy import accuracy_of, report_lines
 
-        result["validation"] = accuracy_of(best)
+        result["validation"] = best.get("validation") or accuracy_of(best)
         text = "\n".join([text, *report_lines(result["validation"])])
     if calibration is not None:
         result["calibration"] = _calibration_json(calibration)

@@ -72,14 +72,28 @@ def comparable(rows: list[dict], fam: str, kind: str, what: str, ratio: float | 
     return None
 
 
+def _quantities(estimate: dict) -> tuple[str, ...]:
+    return QUANTITIES[
+        "CPU" if validation.device_and_layout(estimate)["device"] == "CPU" else estimate["mode"]
+    ]
+
+
+def rows_for(estimate: dict) -> list[dict] | None:
+    """The cross-validated table rows an estimate like this one is compared on (None: the table is not installed);
+    computed once for the layouts of a search, which share device and quantities."""
+    if not validation.REFERENCE.exists():
+        return None
+    return validation.cross_validated(quantities=_quantities(estimate))
+
+
 def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
     """The JSON `validation` entry of a training or inference estimate: per quantity, the comparable rows' errors."""
-    if rows is None and not validation.REFERENCE.exists():
+    if rows is None:
+        rows = rows_for(estimate)
+    if rows is None:
         return {"unavailable": f"the validation table {validation.REFERENCE} is not in this installation"}
     case = validation.device_and_layout(estimate)
-    whats = QUANTITIES["CPU" if case["device"] == "CPU" else estimate["mode"]]
-    if rows is None:
-        rows = validation.cross_validated(quantities=whats)
+    whats = _quantities(estimate)
     ratio = None
     if (
         estimate["mode"] == "training" and case["device"] != "CPU"

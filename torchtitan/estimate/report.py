@@ -78,18 +78,32 @@ def search_report(results: list[dict], top: int) -> str:
 
     if not results:
         return "search: no layout fits (try more devices, a shorter seq_len, or float8/compile)"
-    head = f"{'#':>3} {'tok/s/dev':>10} {'MFU%':>6} {'mem GiB':>8} {'step s':>8}  layout"
+    # "at risk": of the comparable published runs' memory errors, how many would make this layout not fit
+    # (accuracy.py, verdict_flipped_by); shown when the layouts carry their validation entry
+    risk = [r.get("validation", {}).get("memory GiB", {}) for r in results[:top]]
+    show_risk = any("verdict_flipped_by" in a for a in risk)
+    head = (
+        f"{'#':>3} {'tok/s/dev':>10} {'MFU%':>6} {'mem GiB':>8} {'step s':>8}"
+        + (f" {'at risk':>8}" if show_risk else "")
+        + "  layout"
+    )
     lines = [f"search: {len(results)} layouts fit; the {min(top, len(results))} fastest:", head]
-    for i, r in enumerate(results[:top], 1):
+    for i, (r, a) in enumerate(zip(results[:top], risk), 1):
         lay = r["layout"]
         desc = (
             f"dp_rep {lay['dp_replicate']} x shard {lay['dp_shard']} x cp {lay['cp']} x tp {lay['tp']} x pp {lay['pp']}"
             + (f" {lay['pp_schedule']}" if lay["pp"] > 1 else "")
             + f", AC {lay['ac_mode']}, local batch {lay['local_batch_size']}"
         )
+        at_risk = f"{a['verdict_flipped_by']}/{a['figures']}" if "verdict_flipped_by" in a else "-"
         lines.append(
             f"{i:>3} {r['tokens_per_sec_per_device']:>10,.0f} {r['mfu_percent']:>6.1f} {r['memory_gib']:>8.1f}"
-            f" {r['step_time_s']:>8.3f}  {desc}"
+            f" {r['step_time_s']:>8.3f}" + (f" {at_risk:>8}" if show_risk else "") + f"  {desc}"
+        )
+    if show_risk:
+        lines.append(
+            "at risk: of the comparable published runs, how many were estimated low by more than the layout's"
+            " headroom (at their error it would not fit)"
         )
     lines.append(f"best: {layout_flags(results[0])}")
     return "\n".join(lines)
