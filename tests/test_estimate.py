@@ -882,7 +882,7 @@ def test_search_json_carries_each_layouts_risk(tmp_path):
         mem = r["validation"]["memory GiB"]
         assert 0 <= mem["verdict_flipped_by"] <= mem["figures"]
         assert mem["peak_over_capacity"] == pytest.approx(
-            r["memory_gib"] / (r["hardware"]["memory_gib"] - 1.0)
+            r["memory_gib"] / (r["hardware"]["memory_gib"] - DEFAULT.cuda_context_gib)
         )
     assert data["validation"] == data["layouts"][0]["validation"]  # the best layout's, not computed twice
 
