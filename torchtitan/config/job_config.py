@@ -409,7 +409,8 @@ class Estimate:
     accuracy: bool = opt(
         True,
         "also report how far the estimates of comparable published runs (same device family and layout kind, from"
-        " the validation table) were from their figures (a search: its best layout's); about a second",
+        " the validation table) were from their figures, and how many of those errors would turn the plan's FITS"
+        " over (a search: for each layout shown, the 'at risk' column); about a second",
     )
     search: bool = opt(
         False,
