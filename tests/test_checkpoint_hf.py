@@ -175,3 +175,52 @@ def test_run_starts_from_converted_weights_with_hf_tokenizer(tmp_path):
     assert sorted(back) == sorted(original)
     for name in original:
         assert torch.equal(back[name], original[name]), name
+
+
+# config.json as Meta and transformers wrote it in other eras: Llama 2 (2023-07: no rope_theta, rope_scaling null),
+# Llama 3.1 with the pre-4.45 "type" key, transformers >= 5's rope_parameters; and what is refused in one line.
+_LLAMA2_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+              "num_hidden_layers": 32, "vocab_size": 32000, "rms_norm_eps": 1e-05, "rope_scaling": None,
+              "max_position_embeddings": 4096, "pretraining_tp": 1}  # fmt: skip
+_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+@pytest.mark.parametrize(
+    "extra, theta, scaled",
+    [
+        ({}, 10000.0, False),  # Llama 2: RoPE base 10,000 by default
+        ({"rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **_SCALING}}, 500000.0, True),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **_SCALING}}, 500000.0, True),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}, 500000.0, False),
+    ],
+)
+def test_config_json_of_other_eras(extra, theta, scaled):
+    from torchtitan.checkpoint.hf import model_args_from_hf_config
+
+    args = model_args_from_hf_config({**_LLAMA2_7B, **extra})
+    assert args.ffn_hidden_dim == 11008 and args.n_kv_heads == 32 and args.rope_theta == theta
+    assert (args.rope_scaling is not None) == scaled
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling type 'linear' is not supported"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling type 'dynamic'"),
+        ({"attention_bias": True}, "attention_bias = true"),
+        ({"model_type": "mistral"}, "model_type 'mistral'"),
+        ({"head_dim": 256}, "head_dim=256"),
+    ],
+)
+def test_config_json_that_cannot_be_read_is_one_line(extra, words):
+    from torchtitan.checkpoint.hf import model_args_from_hf_config
+    from torchtitan.errors import UserError
+
+    with pytest.raises(UserError, match=words) as e:
+        model_args_from_hf_config({**_LLAMA2_7B, **extra}, "ckpt/config.json")
+    assert "ckpt/config.json" in str(e.value) and "\n" not in str(e.value)

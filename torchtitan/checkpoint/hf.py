@@ -91,7 +91,13 @@ def model_args_from_hf_config(cfg: dict, where: str = "config.json") -> ModelArg
     n_heads = cfg["num_attention_heads"]
     if cfg.get("head_dim", dim // n_heads) != dim // n_heads:
         raise UserError(
-            f"config.json head_dim={cfg['head_dim']} != hidden_size/num_attention_heads: not supported"
+            f"{where} head_dim={cfg['head_dim']} != hidden_size/num_attention_heads: not supported"
+        )
+    biased = [k for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
+    if biased:
+        raise UserError(
+            f"{where} sets {' and '.join(f'{k} = true' for k in biased)}: this Llama's projections have no biases;"
+            " valid: false (Meta's Llama 2 and 3 checkpoints)"
         )
     base = int(
         8 * dim / 3
@@ -100,9 +106,12 @@ def model_args_from_hf_config(cfg: dict, where: str = "config.json") -> ModelArg
     rope = cfg.get("rope_parameters") or {}
     theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
     scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    if scaling and scaling.get("rope_type", scaling.get("type")) != "llama3":
+    kind = (
+        scaling.get("rope_type", scaling.get("type")) if scaling else None
+    )  # "type" before transformers 4.45
+    if scaling and kind != "llama3":
         raise UserError(
-            f"config.json rope_scaling type {scaling.get('rope_type')!r} is not supported; valid: llama3"
+            f"{where} rope_scaling type {kind!r} is not supported; valid: llama3 (Llama 3.1 and later)"
         )
     args = ModelArgs(
         dim=dim,
