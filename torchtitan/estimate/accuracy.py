@@ -29,7 +29,6 @@ from __future__ import annotations
 import statistics
 
 from . import rates, validation
-from .efficiency import DEFAULT
 
 # a silicon twin (rates.SILICON_TWINS: H800, A800, MI325X) is in its twin's family
 FAMILIES = {
@@ -94,11 +93,10 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
         return {"unavailable": f"the validation table {validation.REFERENCE} is not in this installation"}
     case = validation.device_and_layout(estimate)
     whats = _quantities(estimate)
-    ratio = None
-    if (
-        estimate["mode"] == "training" and case["device"] != "CPU"
-    ):  # the fits check's: the peak + the CUDA context
-        ratio = estimate["memory_gib"] / (estimate["hardware"]["memory_gib"] - DEFAULT.cuda_context_gib)
+    # the fits check's ratio (memory.training_memory: the peak over the device's memory less the CUDA context)
+    ratio = (
+        estimate["memory_over_usable"] if estimate["mode"] == "training" and case["device"] != "CPU" else None
+    )
     found = {
         what: comparable(
             rows, family(case["device"]), case["layout"], what, ratio if what == "memory GiB" else None

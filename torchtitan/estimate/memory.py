@@ -391,10 +391,12 @@ def training_memory(plan: Plan) -> dict:
     parts = per_rank[worst]
     total = sum(parts.values())
     context = 0.0 if plan.hw.is_cpu else plan.eff.cuda_context_gib * GIB
+    usable = plan.hw.memory_gib * GIB - context
     return {
         "memory_gib": total / GIB,
         "memory_breakdown_gib": {k: parts[k] / GIB for k in KEYS},
         "peak_pipeline_rank": worst if plan.pp_plan is not None else None,
         "device_memory_gib": plan.hw.memory_gib,
-        "fits": total + context <= plan.hw.memory_gib * GIB,
+        "fits": total <= usable,
+        "memory_over_usable": total / usable,  # the fits check's ratio: fits <= 1
     }

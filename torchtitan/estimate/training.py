@@ -98,6 +98,7 @@ def estimate_plan(plan: Plan) -> dict:
             "float8": plan.float8,
         },
         "fits": mem["fits"],
+        "memory_over_usable": mem["memory_over_usable"],
         "memory_gib": mem["memory_gib"],
         "memory_breakdown_gib": mem["memory_breakdown_gib"],
         "peak_pipeline_rank": mem["peak_pipeline_rank"],
