@@ -7,7 +7,8 @@ Takes each version of every `*.toml` under torchtitan's llama config folders (tr
 torchtitan/models/llama*/train_configs/ later) that a commit of the checkout's HEAD history wrote, converts it with
 torchtitan/config/torchtitan_compat.py and estimates the result on H100s (8 devices, 64 for 70B files, 128 for
 405B), as a user bringing that file would. Prints one line per outcome with the files' dates, then the counts;
-exit 1 if a conversion or an estimate raised anything but the one-line error of a value that cannot be expressed.
+exit 1 if a conversion or an estimate raised anything but the one-line error of a value that cannot be expressed,
+2 (one line) if the folder is not a git clone.
 docs/configuration.md ("Coming from torchtitan") has the result for torchtitan's history up to its last TOML files.
 """
 
@@ -56,10 +57,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("torchtitan", help="a git clone of pytorch/torchtitan")
     a = p.parse_args(argv)
+    try:
+        found = versions(a.torchtitan)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        print(
+            f"error: {a.torchtitan} is not a git clone of pytorch/torchtitan (git log failed there)",
+            file=sys.stderr,
+        )
+        return 2
     outcomes: dict[str, list[str]] = collections.defaultdict(list)
     crashed = False
     with tempfile.TemporaryDirectory() as tmp:
-        for commit, date, path in versions(a.torchtitan):
+        for commit, date, path in found:
             text = subprocess.run(["git", "-C", a.torchtitan, "show", f"{commit}:{path}"],
                                   capture_output=True, text=True, check=True).stdout  # fmt: skip
             theirs, ours = Path(tmp) / "theirs.toml", Path(tmp) / "ours.toml"

@@ -518,3 +518,10 @@ def test_converted_debug_config_trains_on_cpu_with_2_processes(era, converted_de
     )
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert gen.stdout.startswith("Lily had")
+
+
+def test_history_script_refuses_a_folder_that_is_not_a_clone_in_one_line(tmp_path, capsys):
+    history = import_script("convert_torchtitan_history")
+    assert history.main([str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "not a git clone" in err and "\n" not in err
