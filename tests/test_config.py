@@ -77,6 +77,8 @@ def test_toml_int_for_float_and_none_via_cli(tmp_path):
         ([], "[training]\nmax_norm = true\n", "'training.max_norm' got True, expected float"),
         ([], "steps = 10\n", "top-level key 'steps' must be a [section] table"),
         ([], "[training\nsteps = 10\n", "invalid TOML"),
+        ([], "", "holds no settings (empty or only comments)"),
+        ([], "# every key left at its default\n", "holds no settings (empty or only comments)"),
     ],
 )
 def test_errors_name_the_key(tmp_path, argv, toml, expected):

@@ -156,13 +156,19 @@ def _set(cfg: JobConfig, section: str, key: str, value: Any, source: str, from_c
 def _load_toml(path: str) -> dict:
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            data = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    if not data:  # a truncated download or a failed redirect would otherwise run every default (the debug model)
+        raise ConfigError(
+            f"{path}: the config file holds no settings (empty or only comments); give one with its sections,"
+            " e.g. train_configs/debug_model.toml, or leave --job.config_file out to run the defaults"
+        )
+    return data
 
 
 def _split_cli(argv: list[str]) -> list[tuple[str, str]]:
