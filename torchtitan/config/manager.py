@@ -163,7 +163,8 @@ def _load_toml(path: str) -> dict:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-    if not data:  # a truncated download or a failed redirect would otherwise run every default (the debug model)
+    # empty: a truncated download or a failed redirect would otherwise run every default (the debug model)
+    if not data:
         raise ConfigError(
             f"{path}: the config file holds no settings (empty or only comments); give one with its sections,"
             " e.g. train_configs/debug_model.toml, or leave --job.config_file out to run the defaults"
