@@ -406,6 +406,12 @@ class Estimate:
         " restarts and saves included); gpu_hours and days are the productive time divided by it",
     )
     json: str | None = opt(None, "also write the estimate as JSON to this file")
+    anchor: str | None = opt(
+        None,
+        "a run folder of this trainer (its config.toml, metrics.jsonl, logs/rank0.log) on the hardware planned: the"
+        " step time is scaled by that run's measured / estimated tokens/s (best from a run of the same model,"
+        " compile mode and layout kind; docs/estimate.md, 'Anchoring on a measured run'); training, GPU plans",
+    )
     accuracy: bool = opt(
         True,
         "also report how far the estimates of comparable published runs (same device family and layout kind, from"

@@ -4,6 +4,7 @@
         --estimate.hardware h100-sxm --estimate.num_devices 256 [--estimate.total_tokens 15e12] [--estimate.json out.json]
     python -m torchtitan.estimate ... --estimate.search=true          # rank every fitting layout, fastest first
     python -m torchtitan.estimate ... --estimate.calibrate=true       # measure this machine's devices first
+    python -m torchtitan.estimate ... --estimate.anchor=RUN_FOLDER    # scale by a run measured on this cluster
     python -m torchtitan.estimate ... --estimate.accuracy=false       # skip the comparable published runs' errors
     python -m torchtitan.estimate --model.flavor 8B --estimate.mode inference --estimate.hardware a100 \\
         --estimate.batch_size 1 --estimate.prompt_len 128 --estimate.gen_len 256 --estimate.weight_dtype int8
@@ -44,6 +45,10 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
     est = cfg.estimate
     if est.search_top < 1:
         raise UserError(f"estimate.search_top = {est.search_top} must be >= 1")
+    if est.anchor:
+        from . import anchor
+
+        anchor.check_plan(est)  # before any calibration: a plan it cannot anchor is refused at once
     calibration = None
     if est.calibrate:
         from .calibrate import calibrate
@@ -78,6 +83,9 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
     else:
         result = estimate_plan(build_plan(cfg, calibration))
         text = training_report(result)
+        if est.anchor:  # scaled by a measured run of the same cluster (anchor.py)
+            anchor.anchor_estimate(cfg, calibration, result)
+            text = "\n".join([training_report(result), *anchor.report_lines(result["anchor"])])
     # the comparable published runs' errors: for a search, those of its best layout's kind
     best = result if result["mode"] != "search" else (result["layouts"] or [None])[0]
     if est.accuracy and best is not None:

@@ -103,6 +103,12 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
         )
         for what in whats
     }
+    if estimate.get("anchor") and "tokens/s/device" in found:  # anchor.py: the anchored pairs' errors
+        similar = not estimate["anchor"]["differs_from_plan"]
+        pairs = validation.anchored(rows, similar)
+        pairs = comparable(pairs, family(case["device"]), case["layout"], "tokens/s/device")
+        if pairs:
+            found["tokens/s/device"] = {**pairs, "anchored": "similar" if similar else "any"}
     out = {what: a for what, a in found.items() if a}
     if ratio is not None and "memory GiB" in out:
         out["memory GiB"]["peak_over_capacity"] = ratio
@@ -120,9 +126,16 @@ def report_lines(acc: dict) -> list[str]:
             if n == 1
             else f"{a['min_error'] * 100:+.1f} .. {a['max_error'] * 100:+.1f} %, median {a['median_error'] * 100:+.1f} %"
         )
+        alike = {"similar": "one source, model, compile mode and layout kind", "any": "one source and device"}
+        on = (
+            f"{what}, anchored: on {n} pair{'s' if n > 1 else ''} of published runs of {alike[a['anchored']]}, each"
+            f" estimated as anchored on the other ({a['scope']})"
+            if a.get("anchored")
+            else f"{what}: on {n} published run{'s' if n > 1 else ''} ({a['scope']})"
+        )
         lines.append(
-            f"{'accuracy' if not lines else '':<10} {what}: on {n} published run{'s' if n > 1 else ''} ({a['scope']})"
-            f" estimate / published - 1 = {spread}; {a['within_goal']} within {a['goal'] * 100:.0f} %"
+            f"{'accuracy' if not lines else '':<10} {on} estimate / published - 1 = {spread};"
+            f" {a['within_goal']} within {a['goal'] * 100:.0f} %"
         )
         if a.get("verdict_flipped_by"):
             ratio, fits = a["peak_over_capacity"], a["peak_over_capacity"] <= 1

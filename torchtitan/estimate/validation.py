@@ -129,10 +129,11 @@ def table(
 
     for row in filter(keep, ref["training"] if wanted(*TRAINING_QUANTITIES) else []):
         r = training_estimate(ref, row, eff)
+        similar = {"model_params": r["model"]["params"], "compiled": "model" in r["layout"]["compile"]}
         for what, (pub, est, goal) in TRAINING_QUANTITIES.items():
             if pub in row:
                 out.append(dict(id=row["id"], source=row["source"], what=what, published=row[pub],
-                                estimated=r[est], goal=goal, **device_and_layout(r)))  # fmt: skip
+                                estimated=r[est], goal=goal, **device_and_layout(r), **similar))  # fmt: skip
     for row in filter(keep, ref["inference"] if wanted(DECODE_QUANTITY) else []):
         r = inference_estimate(ref, row, eff)
         out.append(dict(id=row["id"], source=row["source"], what=DECODE_QUANTITY, published=row["tokens_per_sec"],
@@ -148,6 +149,31 @@ def table(
     for x in out:
         x["error"] = x["estimated"] / x["published"] - 1
     return out
+
+
+def anchored(rows: list[dict], similar: bool = True) -> list[dict]:
+    """Every ordered pair of tokens/s (or TFLOPS) rows of one source and device (`similar`: and of the same model,
+    compile mode and layout kind): the first row's error once its estimate is scaled by the second's published /
+    estimated, as `--estimate.anchor` scales a plan by a measured run (anchor.py). Labelled tokens/s/device (TFLOPS
+    scale alike); `anchor` names the second row."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["what"] in ("tokens/s/device", "TFLOPS/device") and "model_params" in r:
+            key = (r["source"], r["device"], r["what"])
+            key += (r["layout"], r["model_params"], r["compiled"]) if similar else ()
+            groups.setdefault(key, []).append(r)
+    return [
+        {
+            **r,
+            "what": "tokens/s/device",
+            "anchor": a["id"],
+            "error": r["estimated"] * a["published"] / a["estimated"] / r["published"] - 1,
+        }  # fmt: skip
+        for group in groups.values()
+        for r in group
+        for a in group
+        if a is not r
+    ]
 
 
 def layout_kind(layout: dict, num_devices: int) -> str:
