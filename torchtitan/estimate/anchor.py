@@ -5,9 +5,9 @@ mostly a level that each source (one cluster, one software date) shares, not noi
 estimate by the measured / estimated tokens/s of another published run of the same source, device, model, compile
 mode and layout kind brings the median error of 366 such pairs from 7.04 % to 3.19 %; across other differences it
 helps less and loses figures from the goal (1,102 pairs of any two runs of one source and device: 6.28 % -> 5.61 %,
-948 -> 911 within 15 %). Memory is not scaled: across any two runs the same scaling made the peaks worse (1.28 % ->
-2.03 %), and the fits verdict it would move was not checked against published out-of-memory runs; the anchor's
-measured and estimated peaks are reported instead.
+948 -> 911 within 15 %). Memory is not scaled: on similar pairs the same scaling helped (1.43 % -> 0.99 %), on any
+two runs it hurt (1.28 % -> 2.03 %), and the fits verdict it would move has no published out-of-memory run to be
+checked on; the anchor's measured and estimated peaks are reported instead.
 
 The run is read from its folder as the trainer writes it: `config.toml` (the effective config), `metrics.jsonl`
 (`throughput/tokens_per_sec_per_device` of every log row; the world size is the global over the per-device
@@ -84,24 +84,20 @@ def read_run(folder: str) -> MeasuredRun:
     return MeasuredRun(folder, max(world, 1), per_device, len(steady), max(peaks) if peaks else None, device)
 
 
-def _kind(result: dict) -> tuple[int, bool, str]:
-    """What anchoring was validated on: the same model (parameters), compile mode and layout kind."""
-    from .validation import device_and_layout
-
-    return (
-        result["model"]["params"],
-        "model" in result["layout"]["compile"],
-        device_and_layout(result)["layout"],
-    )
-
-
 def _differences(plan: dict, anchor: dict) -> list[str]:
-    (p_params, p_comp, p_kind), (a_params, a_comp, a_kind) = _kind(plan), _kind(anchor)
+    """How the anchor's configuration differs from the plan's in what anchoring was validated on (the pairs of
+    validation.anchored: the same model, compile mode and layout kind)."""
+    from .validation import anchor_kind, device_and_layout
+
+    p, a = anchor_kind(plan), anchor_kind(anchor)
+    p_kind, a_kind = device_and_layout(plan)["layout"], device_and_layout(anchor)["layout"]
     out = []
-    if p_params != a_params:
-        out.append(f"model ({anchor['model']['params']:,} parameters, the plan {plan['model']['params']:,})")
-    if p_comp != a_comp:
-        out.append(f"compile ({'on' if a_comp else 'off'}, the plan {'on' if p_comp else 'off'})")
+    if p["model_params"] != a["model_params"]:
+        out.append(f"model ({a['model_params']:,} parameters, the plan {p['model_params']:,})")
+    if p["compiled"] != a["compiled"]:
+        out.append(
+            f"compile ({'on' if a['compiled'] else 'off'}, the plan {'on' if p['compiled'] else 'off'})"
+        )
     if p_kind != a_kind:
         out.append(f"layout kind ({a_kind}, the plan {p_kind})")
     return out
@@ -192,6 +188,7 @@ def report_lines(a: dict) -> list[str]:
     if a["differs_from_plan"]:
         lines.append(
             f"{'':<10} the anchor differs from the plan in {'; '.join(a['differs_from_plan'])}: on published runs,"
-            " anchoring across such differences did not help (docs/estimate.md, 'Anchoring on a measured run')"
+            " anchoring across such differences helped less and put fewer figures within the goal (docs/estimate.md,"
+            " 'Anchoring on a measured run')"
         )
     return lines

@@ -129,7 +129,7 @@ def table(
 
     for row in filter(keep, ref["training"] if wanted(*TRAINING_QUANTITIES) else []):
         r = training_estimate(ref, row, eff)
-        similar = {"model_params": r["model"]["params"], "compiled": "model" in r["layout"]["compile"]}
+        similar = anchor_kind(r)
         for what, (pub, est, goal) in TRAINING_QUANTITIES.items():
             if pub in row:
                 out.append(dict(id=row["id"], source=row["source"], what=what, published=row[pub],
@@ -151,6 +151,12 @@ def table(
     return out
 
 
+def anchor_kind(estimate: dict) -> dict:
+    """Of a training estimate, what `anchored` pairs rows by beside the layout kind: its model (parameters) and
+    whether its blocks are compiled."""
+    return {"model_params": estimate["model"]["params"], "compiled": "model" in estimate["layout"]["compile"]}
+
+
 def anchored(rows: list[dict], similar: bool = True) -> list[dict]:
     """Every ordered pair of tokens/s (or TFLOPS) rows of one source and device (`similar`: and of the same model,
     compile mode and layout kind): the first row's error once its estimate is scaled by the second's published /
@@ -168,7 +174,7 @@ def anchored(rows: list[dict], similar: bool = True) -> list[dict]:
             "what": "tokens/s/device",
             "anchor": a["id"],
             "error": r["estimated"] * a["published"] / a["estimated"] / r["published"] - 1,
-        }  # fmt: skip
+        }
         for group in groups.values()
         for r in group
         for a in group
