@@ -171,3 +171,144 @@ def test_anchoring_on_a_similar_published_run_beats_none_and_any_other():
         f" {med(base) * 100:.2f} % unanchored"
     )
     assert stated in docs, f"docs/estimate.md should state: {stated}"
+
+
+# ---- torchtitan logs as anchors (torchtitan/estimate/torchtitan_log.py)
+
+LOGS = ROOT / "tests" / "assets" / "torchtitan_logs"
+TITAN_CONFIGS = ROOT / "tests" / "assets" / "torchtitan_configs"
+
+
+@pytest.mark.parametrize(
+    "name, world, degrees, device, median, memory, settings",
+    [
+        (  # rank prefixes of torchrun, colours, 'dp' mesh, "GPU capacity ... (0)", wps, no batch line
+            "2024-06_llama3_8b_fsdp8.log", 8, {"dp_shard": 8}, "H100 SXM", 6620.0, 47.81,
+            {"compile.components": ["model"], "activation_checkpoint.mode": "selective", "float8.enable": False},
+        ),
+        (  # pasted: indented, colour codes without their ESC, "mmemory:", the batch on "Training starts at step 1"
+            "2025-02_llama3_8b_fsdp8_pasted.log", 8, {"dp_shard": 8}, "H200", 7045.5, 49.6,
+            {"compile.enable": False, "activation_checkpoint.mode": "selective", "training.local_batch_size": 1,
+             "training.seq_len": 8192, "training.global_batch_size": 8},
+        ),
+        (  # srun labels with rank 1's lines mixed in, a validation line, tps, the batch line, float8 rowwise
+            "2025-08_llama3_8b_fsdp4_tp2.log", 8, {"dp_shard": 4, "tp": 2}, "H100 SXM", 4005.0, 44.31,
+            {"compile.components": ["model", "loss"], "activation_checkpoint.mode": "full",
+             "float8.recipe": "rowwise", "training.local_batch_size": 2, "training.global_batch_size": 8},
+        ),
+        (  # no colours, no prefixes, the keyword mesh line of 2025-12, HSDP with two micro-steps
+            "2026-01_llama3_8b_hsdp.log", 8, {"dp_replicate": 2, "dp_shard": 4}, "H200", 7130.0, 52.5,
+            {"compile.enable": False, "activation_checkpoint.mode": "none", "float8.recipe": "tensorwise",
+             "training.global_batch_size": 16},
+        ),
+    ],
+)  # fmt: skip
+def test_a_torchtitan_log_of_each_era_is_read(name, world, degrees, device, median, memory, settings):
+    run = anchor.read_anchor(str(LOGS / name))
+    assert (run.world_size, run.device, run.tokens_per_sec_per_device, run.memory_gib) == (
+        world,
+        device,
+        median,
+        memory,
+    )
+    assert run.titan.params == 8_030_261_248
+    assert {k: v for k, v in run.titan.degrees.items() if v > 1} == degrees
+    assert {k: run.titan.settings[k] for k in settings} == settings
+
+
+def test_several_ranks_logging_without_a_prefix_count_each_step_once(tmp_path):
+    """All ranks' lines in one file with no prefix to tell them apart (LOG_RANK=0,1,...): a step is counted once,
+    with its first line's tokens/s and the largest memory of its lines."""
+    text = (LOGS / "2026-01_llama3_8b_hsdp.log").read_text()
+    other = text.replace("tps: 7,100", "tps: 1").replace("memory: 52.50GiB", "memory: 60.00GiB")
+    steps = [x for x in other.splitlines() if "step:" in x]
+    (tmp_path / "all.log").write_text(text + "\n".join(steps) + "\n")
+    run = anchor.read_anchor(str(tmp_path / "all.log"))
+    assert (run.rows, run.tokens_per_sec_per_device, run.memory_gib) == (2, 7130.0, 60.0)
+
+
+def test_a_torchtitan_log_anchors_as_a_run_folder_of_the_same_run_does(tmp_path):
+    """The log path ends in the validated mechanism: the same measured tokens/s and configuration through a run
+    folder of this trainer give the same anchored plan."""
+    plan = [*PLAN, "--estimate.num_devices=64", "--estimate.total_tokens=1e12"]
+    titan = estimate([*plan, f"--estimate.anchor={LOGS / '2024-06_llama3_8b_fsdp8.log'}"])
+    folder = run_folder(tmp_path, [1234.0, 6601.0, 6650.0, 6620.0], overrides=(
+        "--parallelism.data_parallel_shard_degree=8", "--compile.enable=true", "--compile.components=model",
+        "--activation_checkpoint.mode=selective"))  # fmt: skip
+    ours = estimate([*plan, f"--estimate.anchor={folder}"])
+    assert titan["anchor"]["ratio"] == pytest.approx(ours["anchor"]["ratio"])
+    for key in ("tokens_per_sec_per_device", "step_time_s", "gpu_hours"):
+        assert titan[key] == pytest.approx(ours[key])
+    assert titan["anchor"]["kind"] == "torchtitan log" and titan["anchor"]["config"] == "the plan's config"
+    assert titan["anchor"]["from_log"] == {
+        "parallelism.data_parallel_shard_degree": 8, "compile.enable": True, "compile.components": ["model"],
+        "activation_checkpoint.mode": "selective"}  # fmt: skip
+
+
+@pytest.mark.parametrize("era", ["2024", "2025", "2026"])
+def test_the_run_s_torchtitan_toml_is_converted_and_the_log_overrides_it(era):
+    log, config = LOGS / "2025-08_llama3_8b_fsdp4_tp2.log", TITAN_CONFIGS / era / "llama3_8b.toml"
+    got = estimate([*PLAN, f"--estimate.anchor={log}", f"--estimate.anchor_config={config}"])
+    a = got["anchor"]
+    assert a["config"] == str(config) and a["world_size"] == 8
+    assert (
+        a["from_log"]["parallelism.tensor_parallel_degree"] == 2
+        and a["from_log"]["float8.recipe"] == "rowwise"
+    )
+
+
+def test_the_report_names_a_torchtitan_log_and_what_it_changed(capsys):
+    assert (
+        main(
+            [*PLAN, "--estimate.num_devices=64", f"--estimate.anchor={LOGS / '2024-06_llama3_8b_fsdp8.log'}"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert re.search(r"2024-06_llama3_8b_fsdp8\.log \(torchtitan log\): 6,620 tokens/s per device measured \(3 step"
+                     r" lines after step 1, 8 devices, H100 SXM\)", out)  # fmt: skip
+    assert (
+        "estimated with the plan's config; what its log states changed: parallelism.data_parallel_shard_degree = 8,"
+        " compile.enable = true, compile.components = model, activation_checkpoint.mode = selective" in out
+    )
+    assert "its peak memory: 47.81 GiB measured" in out
+
+
+def _edited_log(tmp_path: Path, drop: str = "", replace: tuple[str, str] = ("", "")) -> Path:
+    text = (LOGS / "2025-08_llama3_8b_fsdp4_tp2.log").read_text()
+    lines = [
+        x.replace(*replace) if replace[0] else x
+        for x in text.splitlines()
+        if not (drop and re.search(drop, x))
+    ]
+    path = tmp_path / "run.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "edit, extra, message",
+    [
+        ({"drop": "device mesh"}, [], "no 'Building ... device mesh' line, so not the world size either"),
+        ({"drop": r"step: [1-4]0 "}, [], "no step line after step 1 (step 1 is the warm-up)"),
+        ({"drop": "step:"}, [], "no torchtitan step line"),
+        ({"replace": ("recipe rowwise", "recipe mxfp8")}, [], "the float8 recipe 'mxfp8'"),
+        ({"replace": ("['dp_shard', 'tp'], [4, 2]", "['dp_shard', 'ep'], [4, 2]")}, [], "dimensions a Llama 3"),
+        ({}, ["--estimate.hardware=b200"], "the run ran on H100 SXM, the plan is for B200"),
+        ({}, [f"--estimate.anchor_config={TITAN_CONFIGS / '2025' / 'llama3_70b.toml'}"],
+         "the run's model has 8,030,261,248 parameters (its log), "),
+        ({}, ["--estimate.anchor_config=nowhere.toml"], "config file not found: nowhere.toml"),
+    ],
+)  # fmt: skip
+def test_torchtitan_log_refusals_are_one_line(tmp_path, capsys, edit, extra, message):
+    log = _edited_log(tmp_path, **edit)
+    assert main([*PLAN, f"--estimate.anchor={log}", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_anchor_config_is_refused_with_a_run_folder(tmp_path, capsys):
+    folder = run_folder(tmp_path, [1.0, 5000.0])
+    argv = [*PLAN, f"--estimate.anchor={folder}", "--estimate.anchor_config=train_configs/llama3_8b.toml"]
+    assert main(argv) == 2
+    assert "estimate.anchor_config is for a torchtitan log" in capsys.readouterr().err

@@ -408,9 +408,16 @@ class Estimate:
     json: str | None = opt(None, "also write the estimate as JSON to this file")
     anchor: str | None = opt(
         None,
-        "a run folder of this trainer (its config.toml, metrics.jsonl, logs/rank0.log) on the hardware planned: the"
-        " step time is scaled by that run's measured / estimated tokens/s (best from a run of the same model,"
-        " compile mode and layout kind; docs/estimate.md, 'Anchoring on a measured run'); training, GPU plans",
+        "a run measured on the hardware planned: a run folder of this trainer (its config.toml, metrics.jsonl,"
+        " logs/rank0.log) or a torchtitan log of rank 0 (its console output); the step time is scaled by that"
+        " run's measured / estimated tokens/s (best from a run of the same model, compile mode and layout kind;"
+        " docs/estimate.md, 'Anchoring on a measured run'); training, GPU plans",
+    )
+    anchor_config: str | None = opt(
+        None,
+        "with a torchtitan log as estimate.anchor: the config file its run used (torchtitan's TOML or ours);"
+        " default the plan's own config. The layout, batch, compile, activation checkpointing and float8 the log"
+        " states override it",
     )
     accuracy: bool = opt(
         True,

@@ -210,13 +210,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     if config_file:
         toml = _load_toml(config_file)
         _refuse_torchtitan_file(toml, config_file)
-        for section, table in toml.items():
-            if not isinstance(table, dict):
-                raise ConfigError(
-                    f"{config_file}: top-level key '{section}' must be a [section] table{_suggest(section, _sections())}"
-                )
-            for key, value in table.items():
-                _set(cfg, section, key, value, config_file, from_cli=False)
+        apply_sections(cfg, toml, config_file)
         cfg.job.config_file = config_file
 
     for name, value in pairs:
@@ -226,6 +220,18 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
             )
         section, key = name.split(".", 1)
         _set(cfg, section, key, value, "command line", from_cli=True)
+    return cfg
+
+
+def apply_sections(cfg: JobConfig, sections: dict, source: str) -> JobConfig:
+    """Set every key of a parsed config file ({section: {key: value}}) on `cfg`, checked as the file's are."""
+    for section, table in sections.items():
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"{source}: top-level key '{section}' must be a [section] table{_suggest(section, _sections())}"
+            )
+        for key, value in table.items():
+            _set(cfg, section, key, value, source, from_cli=False)
     return cfg
 
 

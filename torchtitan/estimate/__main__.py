@@ -5,6 +5,7 @@
     python -m torchtitan.estimate ... --estimate.search=true          # rank every fitting layout, fastest first
     python -m torchtitan.estimate ... --estimate.calibrate=true       # measure this machine's devices first
     python -m torchtitan.estimate ... --estimate.anchor=RUN_FOLDER    # scale by a run measured on this cluster
+    python -m torchtitan.estimate ... --estimate.anchor=torchtitan.log  # ... or by a torchtitan run's log
     python -m torchtitan.estimate ... --estimate.accuracy=false       # skip the comparable published runs' errors
     python -m torchtitan.estimate --model.flavor 8B --estimate.mode inference --estimate.hardware a100 \\
         --estimate.batch_size 1 --estimate.prompt_len 128 --estimate.gen_len 256 --estimate.weight_dtype int8

@@ -13,7 +13,11 @@ The run is read from its folder as the trainer writes it: `config.toml` (the eff
 (`throughput/tokens_per_sec_per_device` of every log row; the world size is the global over the per-device
 tokens/s) and the header of `logs/rank0.log` (the device: the MFU peak's "table: <part>" or "N x cpu"). Its
 tokens/s is the median over the log rows after step 1 (step 1 is the warm-up: compilation, allocator and
-communicator set-up). The anchor's own configuration is estimated with the plan's [estimate] options and its own
+communicator set-up). Or the run is a torchtitan log of rank 0 (a file; torchtitan_log.py): its step lines'
+tokens/s per device and memory, the world size of its mesh line, the device of its capacity line; its configuration
+is `--estimate.anchor_config` (torchtitan's TOML, converted, or ours) or else the plan's, with what the log states
+(layout, batch, compile, activation checkpointing, float8) over it, and a model whose parameter count differs from
+the log's is refused. The published runs anchoring was validated on are torchtitan's. The anchor's own configuration is estimated with the plan's [estimate] options and its own
 world size; the plan's step time gets the term `anchor_correction` (its step time / ratio - its step time), and
 every figure derived from the step time moves with it. The unanchored figures stay in the JSON (`unanchored`).
 """
@@ -28,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchtitan.errors import UserError
+from torchtitan.metrics.hardware import match_device
+
+from .torchtitan_log import TorchtitanLog, read_log
 
 WARMUP_STEP = 1  # log rows of steps <= this are left out of the measured tokens/s
 
@@ -40,6 +47,7 @@ class MeasuredRun:
     rows: int  # log rows in that median
     memory_gib: float | None  # the largest logged peak: max reserved (CUDA), max RSS (CPU)
     device: str | None  # the run header's part ("H100 SXM"), "cpu", or None when the log does not say
+    titan: TorchtitanLog | None = None  # a torchtitan log's settings and device name (torchtitan_log.py)
 
 
 def _device_of(log: Path) -> str | None:
@@ -82,6 +90,54 @@ def read_run(folder: str) -> MeasuredRun:
     peaks = [r[k] for r in records for k in ("memory/max_reserved_gib", "memory/max_rss_gib") if k in r]
     device = _device_of(path / "logs" / "rank0.log")
     return MeasuredRun(folder, max(world, 1), per_device, len(steady), max(peaks) if peaks else None, device)
+
+
+def read_anchor(path: str) -> MeasuredRun:
+    """A run folder of this trainer (read_run), or a file: a torchtitan log of rank 0 (torchtitan_log.py)."""
+    if not Path(path).is_file():
+        return read_run(path)
+    log = read_log(path)
+    steady = [s for s in log.steps if s[0] > WARMUP_STEP]
+    if not steady:
+        raise UserError(
+            f"estimate.anchor {path}: no step line after step {WARMUP_STEP} (step 1 is the warm-up): anchor on a run"
+            " that logged a later step"
+        )
+    return MeasuredRun(
+        folder=path,
+        world_size=log.world_size,
+        tokens_per_sec_per_device=statistics.median(s[1] for s in steady),
+        rows=len(steady),
+        memory_gib=max(s[2] for s in log.steps),
+        device=match_device(log.device) if log.device else None,
+        titan=log,
+    )
+
+
+def _titan_config(plan_cfg, config_file: str | None, log: TorchtitanLog):
+    """The configuration a torchtitan log's run is estimated with: the config file it used (torchtitan's TOML,
+    converted as scripts/convert_torchtitan_config.py does, or ours), else the plan's own; then what the log states
+    (layout, batch, compile, activation checkpointing, float8) over it. Returns it and {key: (config's, log's)} of
+    the values the log changed."""
+    from torchtitan.config import JobConfig, parse_args
+    from torchtitan.config.manager import _load_toml, apply_sections
+    from torchtitan.config.torchtitan_compat import convert
+    from torchtitan.config.torchtitan_keys import torchtitan_keys_in
+
+    if config_file is None:
+        acfg = copy.deepcopy(plan_cfg)
+    elif len(torchtitan_keys_in(toml := _load_toml(config_file))) >= 2:
+        acfg = apply_sections(JobConfig(), convert(toml, config_file).config, config_file)
+    else:
+        acfg = parse_args([f"--job.config_file={config_file}"])
+    changed = {}
+    for key, value in log.settings.items():
+        section, name = key.split(".")
+        before = getattr(getattr(acfg, section), name)
+        if before != value:
+            changed[key] = (before, value)
+            setattr(getattr(acfg, section), name, value)
+    return acfg, changed
 
 
 def _differences(plan: dict, anchor: dict) -> list[str]:
@@ -129,18 +185,35 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
 
     est = cfg.estimate
     check_plan(est)
-    run = read_run(est.anchor)
+    run = read_anchor(est.anchor)
     planned = device_spec(est.hardware)
     if run.device is not None and not planned.name.startswith(device_spec(run.device).name):
         raise UserError(
             f"estimate.anchor {est.anchor}: the run ran on {run.device}, the plan is for {planned.name};"
             " anchor on a run of the hardware planned"
         )
-    acfg = parse_args([f"--job.config_file={Path(est.anchor) / 'config.toml'}"])
+    if run.titan is None:
+        if est.anchor_config:
+            raise UserError(
+                f"estimate.anchor_config is for a torchtitan log; the run folder {est.anchor} holds its config.toml"
+            )
+        acfg, config, changed = (
+            parse_args([f"--job.config_file={Path(est.anchor) / 'config.toml'}"]),
+            None,
+            {},
+        )
+    else:
+        config = est.anchor_config or "the plan's config"
+        acfg, changed = _titan_config(cfg, est.anchor_config, run.titan)
     validate(acfg)
     acfg.estimate = copy.deepcopy(est)
     acfg.estimate.num_devices, acfg.estimate.anchor, acfg.estimate.total_tokens = run.world_size, None, None
     anchored = estimate_plan(build_plan(acfg, calibration))
+    if run.titan is not None and run.titan.params not in (None, anchored["model"]["params"]):
+        raise UserError(
+            f"estimate.anchor {est.anchor}: the run's model has {run.titan.params:,} parameters (its log), {config} has"
+            f" {anchored['model']['params']:,}: give --estimate.anchor_config the config file the run used"
+        )
     ratio = run.tokens_per_sec_per_device / anchored["tokens_per_sec_per_device"]
 
     step = result["step_time_s"]
@@ -159,6 +232,9 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
             result[k] /= ratio
     result["anchor"] = {
         "folder": run.folder,
+        "kind": "run folder" if run.titan is None else "torchtitan log",
+        "config": config or str(Path(run.folder) / "config.toml"),
+        "from_log": {k: v for k, (_, v) in changed.items()},
         "device": run.device,
         "world_size": run.world_size,
         "log_rows": run.rows,
@@ -172,13 +248,18 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
 
 
 def report_lines(a: dict) -> list[str]:
+    titan = a["kind"] == "torchtitan log"
     lines = [
-        f"anchor     {a['folder']}: {a['measured_tokens_per_sec_per_device']:,.0f} tokens/s per device measured"
-        f" ({a['log_rows']} log rows after step {WARMUP_STEP}, {a['world_size']} devices"
-        + (f", {a['device']}" if a["device"] else ", device not in its log: taken as planned")
+        f"anchor     {a['folder']}{' (torchtitan log)' if titan else ''}:"
+        f" {a['measured_tokens_per_sec_per_device']:,.0f} tokens/s per device measured"
+        f" ({a['log_rows']} {'step lines' if titan else 'log rows'} after step {WARMUP_STEP}, {a['world_size']} devices"
+        + (f", {a['device']}" if a["device"] else ", device not named or not known: taken as planned")
         + f"), {a['estimated_tokens_per_sec_per_device']:,.0f} estimated for its configuration: step time x"
         f" {1 / a['ratio']:.3f} (anchor_correction)",
     ]
+    if titan:
+        stated = ", ".join(f"{k} = {_value(v)}" for k, v in a["from_log"].items()) or "nothing"
+        lines.append(f"{'':<10} estimated with {a['config']}; what its log states changed: {stated}")
     if a["measured_memory_gib"] is not None:
         err = a["estimated_memory_gib"] / a["measured_memory_gib"] - 1
         lines.append(
@@ -192,3 +273,7 @@ def report_lines(a: dict) -> list[str]:
             " 'Anchoring on a measured run')"
         )
     return lines
+
+
+def _value(v) -> str:
+    return ",".join(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
