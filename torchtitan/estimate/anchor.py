@@ -17,8 +17,8 @@ communicator set-up). Or the run is a torchtitan log of rank 0 (a file; torchtit
 tokens/s per device and memory, the world size of its mesh line, the device of its capacity line; its configuration
 is `--estimate.anchor_config` (torchtitan's TOML, converted, or ours) or else the plan's, with what the log states
 (layout, batch, compile, activation checkpointing, float8) over it, and a model whose parameter count differs from
-the log's is refused. The published runs anchoring was validated on are torchtitan's. The anchor's own configuration is estimated with the plan's [estimate] options and its own
-world size; the plan's step time gets the term `anchor_correction` (its step time / ratio - its step time), and
+the log's is refused. The published runs anchoring was validated on are torchtitan's. The anchor's own configuration
+is estimated with the plan's [estimate] options and its own world size; the plan's step time gets the term `anchor_correction` (its step time / ratio - its step time), and
 every figure derived from the step time moves with it. The unanchored figures stay in the JSON (`unanchored`).
 """
 
@@ -70,7 +70,10 @@ def read_run(folder: str) -> MeasuredRun:
         raise UserError(f"estimate.anchor {folder}: not a folder (give a run's job.dump_folder)")
     for name in ("config.toml", "metrics.jsonl"):
         if not (path / name).is_file():
-            raise UserError(f"estimate.anchor {folder}: no {name} (a run folder of this trainer holds both)")
+            raise UserError(
+                f"estimate.anchor {folder}: no {name} (a run folder of this trainer holds both; for a torchtitan run,"
+                " give its console log file)"
+            )
     records = []
     for n, line in enumerate((path / "metrics.jsonl").read_text().splitlines(), 1):
         if line.strip():
@@ -117,8 +120,8 @@ def read_anchor(path: str) -> MeasuredRun:
 def _titan_config(plan_cfg, config_file: str | None, log: TorchtitanLog):
     """The configuration a torchtitan log's run is estimated with: the config file it used (torchtitan's TOML,
     converted as scripts/convert_torchtitan_config.py does, or ours), else the plan's own; then what the log states
-    (layout, batch, compile, activation checkpointing, float8) over it. Returns it and {key: (config's, log's)} of
-    the values the log changed."""
+    (layout, batch, compile, activation checkpointing, float8) over it. Returns it and {key: the log's value} of the
+    values the log changed."""
     from torchtitan.config import JobConfig, parse_args
     from torchtitan.config.manager import _load_toml, apply_sections
     from torchtitan.config.torchtitan_compat import convert
@@ -135,7 +138,7 @@ def _titan_config(plan_cfg, config_file: str | None, log: TorchtitanLog):
         section, name = key.split(".")
         before = getattr(getattr(acfg, section), name)
         if before != value:
-            changed[key] = (before, value)
+            changed[key] = value
             setattr(getattr(acfg, section), name, value)
     return acfg, changed
 
@@ -197,11 +200,8 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
             raise UserError(
                 f"estimate.anchor_config is for a torchtitan log; the run folder {est.anchor} holds its config.toml"
             )
-        acfg, config, changed = (
-            parse_args([f"--job.config_file={Path(est.anchor) / 'config.toml'}"]),
-            None,
-            {},
-        )
+        config, changed = str(Path(est.anchor) / "config.toml"), {}
+        acfg = parse_args([f"--job.config_file={config}"])
     else:
         config = est.anchor_config or "the plan's config"
         acfg, changed = _titan_config(cfg, est.anchor_config, run.titan)
@@ -233,8 +233,8 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
     result["anchor"] = {
         "folder": run.folder,
         "kind": "run folder" if run.titan is None else "torchtitan log",
-        "config": config or str(Path(run.folder) / "config.toml"),
-        "from_log": {k: v for k, (_, v) in changed.items()},
+        "config": config,
+        "from_log": changed,
         "device": run.device,
         "world_size": run.world_size,
         "log_rows": run.rows,
