@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_torchtitan import ours_metrics, peer_log_rows, write_peer_tokenizer  # noqa: E402
+from bench_torchtitan import ours_metrics, write_peer_tokenizer  # noqa: E402
 
 from torchtitan.errors import UserError  # noqa: E402
 
@@ -257,13 +257,12 @@ def steady(values: dict[int, float], warmup: int, steps: int) -> tuple[float | N
 
 def peer_step_seconds(log: Path, tokens: int, divisor: int) -> tuple[dict[int, float], list[float]]:
     """torchtitan 0.2.2's log rows as {step: seconds} (tokens / (tps x divisor)) and their memory figures."""
-    rows = peer_log_rows(log)
-    secs = {
-        int(m.group(1)): tokens / (float(m.group(4).replace(",", "")) * divisor)
-        for m in rows
-        if float(m.group(4).replace(",", "")) > 0
-    }
-    return secs, [float(m.group(3)) for m in rows]
+    from torchtitan.estimate.torchtitan_log import step_rows  # the estimator's reader of torchtitan logs
+
+    rows = step_rows(log.read_text())
+    return {step: tokens / (tps * divisor) for step, tps, _ in rows if tps > 0}, [
+        memory for _, _, memory in rows
+    ]
 
 
 def ours_figures(dump: Path, res: dict, a, label: str, out: Path) -> None:

@@ -54,10 +54,6 @@ SHAPE_DEFAULTS = {"8B": (1, 8192), "1B": (2, 8192), "debug": (8, 256)}  # local 
 CORPUS = ROOT / "tests" / "assets" / "debug_corpus"
 OURS_STEP1 = re.compile(r"\bstep\s+1\s+loss")
 PEER_STEP1 = re.compile(r"step:\s*1\s+loss")
-PEER_ROW = re.compile(
-    r"step:\s*(\d+)\s+loss:\s*(\S+)\s+grad_norm:\s*\S+\s+memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)"
-    r"\s+tflops:\s*([\d,.]+)\s+mfu:\s*([\d.]+)%"
-)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -353,11 +349,6 @@ def ours_metrics(dump: Path) -> tuple[list[dict], float]:
     return rows, max(r.get("memory/max_reserved_gib", r.get("memory/max_rss_gib", 0.0)) for r in rows)
 
 
-def peer_log_rows(log: Path) -> list[re.Match]:
-    """torchtitan's step log rows in `log` (PEER_ROW matches, terminal colours stripped)."""
-    return [m for m in (PEER_ROW.search(ANSI.sub("", x)) for x in log.read_text().splitlines()) if m]
-
-
 def ours_rows(dump: Path, a) -> tuple[list[dict], int | None]:
     rows, mem = ours_metrics(dump)
     timed = [
@@ -369,14 +360,11 @@ def ours_rows(dump: Path, a) -> tuple[list[dict], int | None]:
 
 
 def peer_rows(log: Path, a) -> tuple[list[float], float]:
-    rows = peer_log_rows(log)
-    mem = max((float(m.group(3)) for m in rows), default=0.0)
-    timed = [
-        float(m.group(4).replace(",", ""))
-        for m in rows
-        if int(m.group(1)) > a.warmup and int(m.group(1)) % a.interval == 0
-    ]
-    return timed, mem
+    from torchtitan.estimate.torchtitan_log import step_rows  # the estimator's reader of torchtitan logs
+
+    rows = step_rows(log.read_text())
+    mem = max((memory for _, _, memory in rows), default=0.0)
+    return [tps for step, tps, _ in rows if step > a.warmup and step % a.interval == 0], mem
 
 
 def param_count(log: Path, side: str) -> int | None:

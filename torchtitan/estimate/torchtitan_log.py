@@ -85,6 +85,24 @@ def _rank0_lines(text: str) -> list[str]:
     return out
 
 
+def _steps(lines: list[str]) -> list[tuple[int, float, float]]:
+    """One entry per step: its first line's tokens/s, the largest memory of its lines (several ranks may log
+    without a prefix)."""
+    by_step: dict[int, tuple[float, float]] = {}
+    for line in lines:
+        if m := _STEP.search(line):
+            step, memory, tps = int(m.group(1)), float(m.group(2)), float(m.group(3).replace(",", ""))
+            first, peak = by_step.get(step, (tps, 0.0))
+            by_step[step] = (first, max(peak, memory))
+    return [(step, tps, memory) for step, (tps, memory) in by_step.items()]
+
+
+def step_rows(text: str) -> list[tuple[int, float, float]]:
+    """(step, tokens/s per device, max reserved GiB) of each step a torchtitan log's rank 0 wrote (also
+    scripts/bench_torchtitan.py's reading of the torchtitan side)."""
+    return _steps(_rank0_lines(text))
+
+
 def _degrees(lines: list[str], path: str) -> dict[str, int]:
     for line in lines:
         if m := _MESH_KW.search(line):
@@ -117,14 +135,7 @@ def read_log(path: str) -> TorchtitanLog:
     except OSError as e:
         raise UserError(f"estimate.anchor {path}: cannot read it: {e.strerror}") from None
     lines = _rank0_lines(text)
-    # one entry per step: the first line's tokens/s, the largest memory (several ranks may log without a prefix)
-    by_step: dict[int, tuple[float, float]] = {}
-    for line in lines:
-        if m := _STEP.search(line):
-            step, memory, tps = int(m.group(1)), float(m.group(2)), float(m.group(3).replace(",", ""))
-            first, peak = by_step.get(step, (tps, 0.0))
-            by_step[step] = (first, max(peak, memory))
-    steps = [(step, tps, memory) for step, (tps, memory) in by_step.items()]
+    steps = _steps(lines)
     if not steps:
         raise UserError(
             f"estimate.anchor {path}: no torchtitan step line ('step: N  loss: ...  memory: ...GiB(...)  tps: ...')"
