@@ -42,7 +42,7 @@ _MESH_ND = re.compile(r"Building \d+-D device mesh with \[(.*?)\], \[(.*?)\]")
 _MESH_KW = re.compile(r"Building device mesh with parallelism: ((?:\w+=\d+(?:, )?)+)")
 _DEVICE = re.compile(r"\b[A-Z]+ capacity: (.+?)(?: \(\d+\))? with [\d.]+GiB memory")
 _BATCH = re.compile(
-    r"local batch size:? (\d+), (?:global batch size (\d+), )?(?:gradient accumulation steps (\d+), )?"
+    r"local batch size:? (\d+), (?:global batch size (\d+), )?(?:gradient accumulation steps \d+, )?"
     r"sequence length:? (\d+)"
 )
 _PARAMS = re.compile(r"Model \S+ \S+ size: ([\d,]+) total parameters")
@@ -154,7 +154,7 @@ def read_log(path: str) -> TorchtitanLog:
         elif (m := _PARAMS.search(line)) and log.params is None:
             log.params = int(m.group(1).replace(",", ""))
         elif m := _BATCH.search(line):
-            local, global_, seq = m.group(1), m.group(2), m.group(4)  # global: all micro-steps of a step
+            local, global_, seq = m.groups()  # global: the sequences of all micro-steps of a step
             settings["training.local_batch_size"], settings["training.seq_len"] = int(local), int(seq)
             settings["training.global_batch_size"] = int(global_) if global_ else -1
         elif m := _AC.search(line):
