@@ -260,9 +260,8 @@ def peer_step_seconds(log: Path, tokens: int, divisor: int) -> tuple[dict[int, f
     from torchtitan.estimate.torchtitan_log import step_rows  # the estimator's reader of torchtitan logs
 
     rows = step_rows(log.read_text())
-    return {step: tokens / (tps * divisor) for step, tps, _ in rows if tps > 0}, [
-        memory for _, _, memory in rows
-    ]
+    secs = {step: tokens / (tps * divisor) for step, tps, _ in rows if tps > 0}
+    return secs, [memory for _, _, memory in rows]
 
 
 def ours_figures(dump: Path, res: dict, a, label: str, out: Path) -> None:

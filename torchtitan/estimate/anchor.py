@@ -18,8 +18,9 @@ tokens/s per device and memory, the world size of its mesh line, the device of i
 is `--estimate.anchor_config` (torchtitan's TOML, converted, or ours) or else the plan's, with what the log states
 (layout, batch, compile, activation checkpointing, float8) over it, and a model whose parameter count differs from
 the log's is refused. The published runs anchoring was validated on are torchtitan's. The anchor's own configuration
-is estimated with the plan's [estimate] options and its own world size; the plan's step time gets the term `anchor_correction` (its step time / ratio - its step time), and
-every figure derived from the step time moves with it. The unanchored figures stay in the JSON (`unanchored`).
+is estimated with the plan's [estimate] options and its own world size; the plan's step time gets the term
+`anchor_correction` (its step time / ratio - its step time), and every figure derived from the step time moves with
+it. The unanchored figures stay in the JSON (`unanchored`).
 """
 
 from __future__ import annotations
