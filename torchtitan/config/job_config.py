@@ -411,7 +411,9 @@ class Estimate:
         "a run measured on the hardware planned: a run folder of this trainer (its config.toml, metrics.jsonl,"
         " logs/rank0.log) or a torchtitan log of rank 0 (its console output); the step time is scaled by that"
         " run's measured / estimated tokens/s (best from a run of the same model, compile mode and layout kind;"
-        " docs/estimate.md, 'Anchoring on a measured run'); training, GPU plans",
+        " docs/estimate.md, 'Anchoring on a measured run'), and the peak memory beyond weights, gradients and"
+        " optimizer states by its measured / estimated part when the run also has the plan's activation"
+        " checkpointing and no pipeline; training, GPU plans",
     )
     anchor_config: str | None = opt(
         None,

@@ -103,12 +103,18 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
         )
         for what in whats
     }
-    if estimate.get("anchor") and "tokens/s/device" in found:  # anchor.py: the anchored pairs' errors
-        similar = not estimate["anchor"]["differs_from_plan"]
+    anch = estimate.get("anchor")
+    if anch and "tokens/s/device" in found:  # anchor.py: the anchored pairs' errors
+        similar = not anch["differs_from_plan"]
         pairs = validation.anchored(rows, similar)
         pairs = comparable(pairs, family(case["device"]), case["layout"], "tokens/s/device")
         if pairs:
             found["tokens/s/device"] = {**pairs, "anchored": "similar" if similar else "any"}
+    if anch and anch.get("memory_ratio") is not None and "memory GiB" in found:  # a peak anchored alike
+        pairs = comparable(validation.anchored(rows, memory=True), family(case["device"]), case["layout"],
+                           "memory GiB", ratio)  # fmt: skip
+        if pairs:
+            found["memory GiB"] = {**pairs, "anchored": "memory"}
     out = {what: a for what, a in found.items() if a}
     if ratio is not None and "memory GiB" in out:
         out["memory GiB"]["peak_over_capacity"] = ratio
@@ -126,7 +132,8 @@ def report_lines(acc: dict) -> list[str]:
             if n == 1
             else f"{a['min_error'] * 100:+.1f} .. {a['max_error'] * 100:+.1f} %, median {a['median_error'] * 100:+.1f} %"
         )
-        alike = {"similar": "one source, model, compile mode and layout kind", "any": "one source and device"}
+        alike = {"similar": "one source, model, compile mode and layout kind", "any": "one source and device",
+                 "memory": "one source, model, compile mode, layout kind and activation checkpointing"}  # fmt: skip
         on = (
             f"{what}, anchored: on {n} pair{'s' if n > 1 else ''} of published runs of {alike[a['anchored']]}, each"
             f" estimated as anchored on the other ({a['scope']})"

@@ -33,6 +33,15 @@ KEYS = (
     "allocator_and_comm_overhead",
 )
 
+# the training state: byte counts of the (sharded) weights, gradients and optimizer states
+STATE_KEYS = KEYS[:3]
+
+
+def state_gib(result: dict) -> float:
+    """Of a training estimate, the part of its peak that is the training state (STATE_KEYS), in GiB."""
+    return sum(result["memory_breakdown_gib"][k] for k in STATE_KEYS)
+
+
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 MASTER_BYTES = 4  # FSDP keeps parameters (and their gradients) in fp32: the optimizer's master copy
 # Temporaries of one AdamW step, bytes per parameter, by implementation (torch/optim/adam.py, shared by AdamW):

@@ -26,6 +26,7 @@ from torchtitan.models import model_args_from_config
 
 from .efficiency import DEFAULT, Efficiency
 from .inference import estimate_inference
+from .memory import state_gib
 from .plan import Calibration, build_plan, resolve_hardware
 from .training import estimate_plan
 
@@ -134,6 +135,8 @@ def table(
             if pub in row:
                 out.append(dict(id=row["id"], source=row["source"], what=what, published=row[pub],
                                 estimated=r[est], goal=goal, **device_and_layout(r), **similar))  # fmt: skip
+                if what == "memory GiB":  # what an anchor leaves unscaled (anchor.scale_peak)
+                    out[-1]["state_gib"] = state_gib(r)
     for row in filter(keep, ref["inference"] if wanted(DECODE_QUANTITY) else []):
         r = inference_estimate(ref, row, eff)
         out.append(dict(id=row["id"], source=row["source"], what=DECODE_QUANTITY, published=row["tokens_per_sec"],
@@ -152,29 +155,43 @@ def table(
 
 
 def anchor_kind(estimate: dict) -> dict:
-    """Of a training estimate, what `anchored` pairs rows by beside the layout kind: its model (parameters) and
-    whether its blocks are compiled."""
-    return {"model_params": estimate["model"]["params"], "compiled": "model" in estimate["layout"]["compile"]}
+    """Of a training estimate, what `anchored` pairs rows by beside the layout kind: its model (parameters), whether
+    its blocks are compiled, and (memory pairs only) its activation checkpointing."""
+    return {"model_params": estimate["model"]["params"], "compiled": "model" in estimate["layout"]["compile"],
+            "ac_mode": estimate["layout"]["ac_mode"]}  # fmt: skip
 
 
-def anchored(rows: list[dict], similar: bool = True) -> list[dict]:
+def anchored(rows: list[dict], similar: bool = True, memory: bool = False) -> list[dict]:
     """Every ordered pair of tokens/s (or TFLOPS) rows of one source and device (`similar`: and of the same model,
     compile mode and layout kind): the first row's error once its estimate is scaled by the second's published /
     estimated, as `--estimate.anchor` scales a plan by a measured run (anchor.py). Labelled tokens/s/device (TFLOPS
-    scale alike); `anchor` names the second row."""
+    scale alike); `anchor` names the second row. `memory`: the memory GiB rows instead, paired as the anchor scales
+    a peak (anchor.scale_peak) -- of the same model, compile mode, layout kind other than pipeline parallel (a run's
+    logged peak is rank 0's, the estimate's its worst stage's) and activation checkpointing."""
+    from .anchor import scale_peak
+
+    wanted = ("memory GiB",) if memory else ("tokens/s/device", "TFLOPS/device")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["what"] in ("tokens/s/device", "TFLOPS/device") and "model_params" in r:
-            key = (r["source"], r["device"], r["what"])
-            key += (r["layout"], r["model_params"], r["compiled"]) if similar else ()
-            groups.setdefault(key, []).append(r)
+        if (
+            r["what"] not in wanted
+            or "model_params" not in r
+            or memory
+            and r["layout"] == "pipeline parallel"
+        ):
+            continue
+        key = (r["source"], r["device"], r["what"])
+        key += (r["layout"], r["model_params"], r["compiled"]) if similar or memory else ()
+        key += (r["ac_mode"],) if memory else ()
+        groups.setdefault(key, []).append(r)
+
+    def scaled(r: dict, a: dict) -> float:
+        if memory:
+            return scale_peak(r["estimated"], r["state_gib"], a["published"], a["estimated"], a["state_gib"])
+        return r["estimated"] * a["published"] / a["estimated"]
+
     return [
-        {
-            **r,
-            "what": "tokens/s/device",
-            "anchor": a["id"],
-            "error": r["estimated"] * a["published"] / a["estimated"] / r["published"] - 1,
-        }
+        {**r, "what": wanted[0], "anchor": a["id"], "error": scaled(r, a) / r["published"] - 1}
         for group in groups.values()
         for r in group
         for a in group
