@@ -290,6 +290,11 @@ TITAN_CONFIGS = ROOT / "tests" / "assets" / "torchtitan_configs"
             {"compile.enable": False, "activation_checkpoint.mode": "none", "float8.recipe": "tensorwise",
              "training.global_batch_size": 16},
         ),
+        (  # the registry era: SelectiveAC's class name, the batch in tokens per DP rank and per train step
+            "2026-09_llama3_8b_registry.log", 8, {"dp_shard": 8}, "H100 SXM", 6970.0, 58.36,
+            {"compile.components": ["model"], "activation_checkpoint.mode": "selective",
+             "training.local_batch_size": 2, "training.seq_len": 8192, "training.global_batch_size": 32},
+        ),
     ],
 )  # fmt: skip
 def test_a_torchtitan_log_of_each_era_is_read(name, world, degrees, device, median, memory, settings):
@@ -363,8 +368,9 @@ def test_the_report_names_a_torchtitan_log_and_what_it_changed(capsys):
     assert "its peak memory: 47.81 GiB measured" in out
 
 
-def _edited_log(tmp_path: Path, drop: str = "", replace: tuple[str, str] = ("", "")) -> Path:
-    text = (LOGS / "2025-08_llama3_8b_fsdp4_tp2.log").read_text()
+def _edited_log(tmp_path: Path, drop: str = "", replace: tuple[str, str] = ("", ""),
+                name: str = "2025-08_llama3_8b_fsdp4_tp2.log") -> Path:  # fmt: skip
+    text = (LOGS / name).read_text()
     lines = [
         x.replace(*replace) if replace[0] else x
         for x in text.splitlines()
@@ -387,6 +393,13 @@ def _edited_log(tmp_path: Path, drop: str = "", replace: tuple[str, str] = ("", 
         ({}, [f"--estimate.anchor_config={TITAN_CONFIGS / '2025' / 'llama3_70b.toml'}"],
          "the run's model has 8,030,261,248 parameters (its log), "),
         ({}, ["--estimate.anchor_config=nowhere.toml"], "config file not found: nowhere.toml"),
+        ({"replace": ("Applied full", "Applied memory_budget")}, [],
+         "the run used memory_budget activation checkpointing; the estimator prices full and selective"),
+        ({"replace": ("SelectiveAC", "MemoryBudgetAC"), "name": "2026-09_llama3_8b_registry.log"}, [],
+         "the run used MemoryBudgetAC activation checkpointing"),
+        ({"replace": ("16384 tokens per DP rank", "12000 tokens per DP rank"),
+          "name": "2026-09_llama3_8b_registry.log"}, [],
+         "the run's 12000 tokens per DP rank are not whole rows of its maximum context length 8192"),
     ],
 )  # fmt: skip
 def test_torchtitan_log_refusals_are_one_line(tmp_path, capsys, edit, extra, message):

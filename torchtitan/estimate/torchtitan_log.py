@@ -14,10 +14,17 @@ several ranks logging without a prefix give one step each, its first tokens/s an
   cp=1, tp=1, ep=1". The world size is the degrees' product.
 - the device: "GPU capacity: NVIDIA H100 80GB HBM3 (0) with 79.11GiB memory" (2024), "CUDA capacity: ..." since.
 - the batch: "... local batch size 2, global batch size 16, [gradient accumulation steps 1, ]sequence length 8192,"
-  (2024-07 to the last TOML release; later versions log tokens per rank instead, and the config's batch is kept).
+  (2024-07 .. 2026-08), since 2026-08 (torchtitan#4121) "Trainer is initialized with 16384 tokens per DP rank,
+  131072 tokens per train step, gradient accumulation steps 1, maximum context length 2048, ...": a data-parallel
+  rank's tokens of one micro-step (its pipeline micro-batches included) packed into rows of documents of at most
+  the context length, read as local batch = tokens per DP rank / context length rows of that length (exact for
+  the linear layers; attention, masked per document, does at most the causal work of such rows, less where
+  documents are shorter) and global batch = tokens per train step / context length.
 - the model: "Model llama3 8B size: 8,030,261,248 total parameters".
 - what was applied: "Compiled|Compiling each TransformerBlock with torch.compile", "Compiling the loss function
-  with torch.compile", "Applied full|selective activation checkpointing to the model" (none: no line), float8:
+  with torch.compile", "Applied full|selective activation checkpointing to the model", since 2026-06
+  "Applied FullAC|SelectiveAC activation checkpointing ..." (none: no line; memory_budget / MemoryBudgetAC, the
+  compiler's budgeted recomputation of 2025-10 on, is not priced and refused), float8:
   "Swapped to Float8Linear float8 linear layers" / "Swapped to Float8Linear layers" (2024-04 .. 07), "Float8
   training active" (2024-07 .. 2025-02, tensorwise), "Float8 tensorwise scaled training active", "Float8 training
   active with recipe rowwise" (since 2025-02; a recipe priced here: tensorwise, rowwise).
@@ -45,12 +52,18 @@ _BATCH = re.compile(
     r"local batch size:? (\d+), (?:global batch size (\d+), )?(?:gradient accumulation steps \d+, )?"
     r"sequence length:? (\d+)"
 )
+_TOKEN_BATCH = re.compile(
+    r"(\d+) tokens per DP rank, (\d+) tokens per train step, .*?maximum context length (\d+)"
+)
 _PARAMS = re.compile(r"Model \S+ \S+ size: ([\d,]+) total parameters")
 _COMPILED = re.compile(r"Compil(?:ed|ing) each TransformerBlock with torch\.compile")
 _COMPILED_LOSS = re.compile(r"Compiling the loss function with torch\.compile")
 _AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
 _FLOAT8 = re.compile(r"Swapped to .*[Ff]loat8.* layers|Float8 .*training active")
 _RECIPE = re.compile(r"Float8 training active with recipe (\w+)")
+
+# torchtitan's activation checkpointing, as its log names it -> our mode
+_AC_MODES = {"full": "full", "selective": "selective", "FullAC": "full", "SelectiveAC": "selective"}
 
 # torchtitan's mesh dimension -> our degree
 _DEGREES = {
@@ -157,8 +170,23 @@ def read_log(path: str) -> TorchtitanLog:
             local, global_, seq = m.groups()  # global: the sequences of all micro-steps of a step
             settings["training.local_batch_size"], settings["training.seq_len"] = int(local), int(seq)
             settings["training.global_batch_size"] = int(global_) if global_ else -1
+        elif m := _TOKEN_BATCH.search(line):
+            per_rank, per_step, context = (int(g) for g in m.groups())
+            if per_rank % context:
+                raise UserError(
+                    f"estimate.anchor {path}: the run's {per_rank} tokens per DP rank are not whole rows of its"
+                    f" maximum context length {context}; anchor on a run whose tokens per micro-batch are a"
+                    " multiple of it"
+                )
+            settings["training.local_batch_size"], settings["training.seq_len"] = per_rank // context, context
+            settings["training.global_batch_size"] = per_step // context
         elif m := _AC.search(line):
-            ac = m.group(1)
+            if m.group(1) not in _AC_MODES:
+                raise UserError(
+                    f"estimate.anchor {path}: the run used {m.group(1)} activation checkpointing; the estimator"
+                    " prices full and selective (and none): anchor on a run of one of those"
+                )
+            ac = _AC_MODES[m.group(1)]
         elif m := _RECIPE.search(line):
             recipe = m.group(1)
         compiled |= bool(_COMPILED.search(line))
