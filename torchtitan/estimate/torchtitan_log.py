@@ -27,7 +27,9 @@ several ranks logging without a prefix give one step each, its first tokens/s an
   compiler's budgeted recomputation of 2025-10 on, is not priced and refused), float8:
   "Swapped to Float8Linear float8 linear layers" / "Swapped to Float8Linear layers" (2024-04 .. 07), "Float8
   training active" (2024-07 .. 2025-02, tensorwise), "Float8 tensorwise scaled training active", "Float8 training
-  active with recipe rowwise" (since 2025-02; a recipe priced here: tensorwise, rowwise).
+  active with recipe rowwise" (since 2025-02; a recipe priced here: tensorwise, rowwise); MX and NVFP4 linear
+  layers ("MX training active ...", "Swapped to MXLinear layers", "Converted Linear layers to MXFP8Linear" /
+  "NVFP4Linear") are not priced and refused.
 
 What the log states about the layout, batch, compile, activation checkpointing and float8 overrides the config the
 run is estimated with (torchtitan runs are often launched with command-line overrides the TOML does not hold).
@@ -61,6 +63,11 @@ _COMPILED_LOSS = re.compile(r"Compiling the loss function with torch\.compile")
 _AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
 _FLOAT8 = re.compile(r"Swapped to .*[Ff]loat8.* layers|Float8 .*training active")
 _RECIPE = re.compile(r"Float8 training active with recipe (\w+)")
+# MX / NVFP4 linear layers (2025-03 on): "MX training active with recipe mxfp8", "Swapped to MXLinear layers",
+# "Converted Linear layers to MXFP8Linear" / "NVFP4Linear"
+_OTHER_LOW_PRECISION = re.compile(
+    r"MX training active with recipe (\w+)|Swapped to (MX)Linear layers|Converted Linear layers to (\w+)Linear"
+)
 
 # torchtitan's activation checkpointing, as its log names it -> our mode
 _AC_MODES = {"full": "full", "selective": "selective", "FullAC": "full", "SelectiveAC": "selective"}
@@ -189,6 +196,11 @@ def read_log(path: str) -> TorchtitanLog:
             ac = _AC_MODES[m.group(1)]
         elif m := _RECIPE.search(line):
             recipe = m.group(1)
+        elif m := _OTHER_LOW_PRECISION.search(line):
+            raise UserError(
+                f"estimate.anchor {path}: the run trained with {next(g for g in m.groups() if g)} linear layers; the"
+                " estimator prices bf16 and float8 tensorwise and rowwise: anchor on a run of one of those"
+            )
         compiled |= bool(_COMPILED.search(line))
         loss |= bool(_COMPILED_LOSS.search(line))
         float8 |= bool(_FLOAT8.search(line))
