@@ -708,7 +708,8 @@ OOM_OUTSIDE = {
         " estimated at 90.76 GiB, 3.5 % below the 94.04 the device leaves beside the CUDA context; batch 5's published"
         " 81.67 GiB is estimated 75.95 (-7.0 %, within the memory goal), and batch 5's figure plus the estimate's 14.8"
         " GiB per sequence is 96.5: the boundary sits inside the memory goal of the capacity. The report says so"
-        " (accuracy.py: 4 of 58 comparable peaks were estimated low by more than the headroom)"
+        " (accuracy.py: 4 of 58 comparable peaks were estimated low by more than the headroom). Anchored on batch 5"
+        " (--estimate.anchor; tests/test_estimate_anchor.py), batch 6 does not fit"
     ),
 }
 
