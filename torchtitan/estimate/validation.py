@@ -173,12 +173,8 @@ def anchored(rows: list[dict], similar: bool = True, memory: bool = False) -> li
     wanted = ("memory GiB",) if memory else ("tokens/s/device", "TFLOPS/device")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if (
-            r["what"] not in wanted
-            or "model_params" not in r
-            or memory
-            and r["layout"] == "pipeline parallel"
-        ):
+        pipeline = r.get("layout") == "pipeline parallel"
+        if r["what"] not in wanted or "model_params" not in r or (memory and pipeline):
             continue
         key = (r["source"], r["device"], r["what"])
         key += (r["layout"], r["model_params"], r["compiled"]) if similar or memory else ()
