@@ -16,7 +16,7 @@ from torchtitan.config.manager import to_toml
 from torchtitan.errors import UserError
 from torchtitan.estimate import anchor
 from torchtitan.estimate.__main__ import main, run
-from torchtitan.estimate.memory import state_gib
+from torchtitan.estimate.memory import scale_peak, state_gib
 from torchtitan.estimate.validation import (
     anchor_kind,
     anchored,
@@ -218,7 +218,7 @@ def test_anchoring_on_a_similar_published_run_beats_none_and_any_other():
 
 
 def test_anchoring_memory_on_a_published_run_of_the_same_kind():
-    """What docs/estimate.md says of the published peaks, computed: each estimated as anchored (anchor.scale_peak) on
+    """What docs/estimate.md says of the published peaks, computed: each estimated as anchored (memory.scale_peak) on
     every other peak of its source and device with the same model, compile mode, layout kind (not pipeline) and
     activation checkpointing has a smaller median error and no fewer within the goal; no run that ran is then said
     not to fit; and a published out-of-memory run ([[oom]]) with such a run in its source does not fit once anchored
@@ -248,7 +248,7 @@ def test_anchoring_memory_on_a_published_run_of_the_same_kind():
         kind = {**anchor_kind(e), **device_and_layout(e)}
         for r in rows:
             if r["source"] == oom["source"] and all(r[k] == v for k, v in kind.items()):
-                peak = anchor.scale_peak(
+                peak = scale_peak(
                     e["memory_gib"], state_gib(e), r["published"], r["estimated"], r["state_gib"]
                 )
                 assert peak / e["memory_gib"] * e["memory_over_usable"] > 1, (oom["id"], r["id"])

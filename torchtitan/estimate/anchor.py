@@ -40,7 +40,7 @@ from pathlib import Path
 from torchtitan.errors import UserError
 from torchtitan.metrics.hardware import match_device
 
-from .memory import state_gib
+from .memory import scale_peak, state_gib
 from .torchtitan_log import TorchtitanLog, read_log
 
 WARMUP_STEP = 1  # log rows of steps <= this are left out of the measured tokens/s
@@ -167,12 +167,6 @@ def _differences(plan: dict, anchor: dict) -> list[str]:
     if p_kind != a_kind:
         out.append(f"layout kind ({a_kind}, the plan {p_kind})")
     return out
-
-
-def scale_peak(peak: float, state: float, measured: float, anchor_peak: float, anchor_state: float) -> float:
-    """A peak (GiB) scaled by an anchor run: its training state (memory.STATE_KEYS: byte counts, never scaled) plus
-    the rest times the anchor's measured / estimated rest."""
-    return state + (peak - state) * (measured - anchor_state) / (anchor_peak - anchor_state)
 
 
 def _memory_not_anchored(plan: dict, anchor: dict, measured_gib: float | None) -> str | None:

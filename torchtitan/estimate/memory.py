@@ -42,6 +42,12 @@ def state_gib(result: dict) -> float:
     return sum(result["memory_breakdown_gib"][k] for k in STATE_KEYS)
 
 
+def scale_peak(peak: float, state: float, measured: float, anchor_peak: float, anchor_state: float) -> float:
+    """A peak (GiB) scaled by a measured run (`--estimate.anchor`, anchor.py): its training state (byte counts, never
+    scaled) plus the rest times the run's measured / estimated rest."""
+    return state + (peak - state) * (measured - anchor_state) / (anchor_peak - anchor_state)
+
+
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 MASTER_BYTES = 4  # FSDP keeps parameters (and their gradients) in fp32: the optimizer's master copy
 # Temporaries of one AdamW step, bytes per parameter, by implementation (torch/optim/adam.py, shared by AdamW):

@@ -26,7 +26,7 @@ from torchtitan.models import model_args_from_config
 
 from .efficiency import DEFAULT, Efficiency
 from .inference import estimate_inference
-from .memory import state_gib
+from .memory import scale_peak, state_gib
 from .plan import Calibration, build_plan, resolve_hardware
 from .training import estimate_plan
 
@@ -135,7 +135,7 @@ def table(
             if pub in row:
                 out.append(dict(id=row["id"], source=row["source"], what=what, published=row[pub],
                                 estimated=r[est], goal=goal, **device_and_layout(r), **similar))  # fmt: skip
-                if what == "memory GiB":  # what an anchor leaves unscaled (anchor.scale_peak)
+                if what == "memory GiB":  # what an anchor leaves unscaled (memory.scale_peak)
                     out[-1]["state_gib"] = state_gib(r)
     for row in filter(keep, ref["inference"] if wanted(DECODE_QUANTITY) else []):
         r = inference_estimate(ref, row, eff)
@@ -166,10 +166,8 @@ def anchored(rows: list[dict], similar: bool = True, memory: bool = False) -> li
     compile mode and layout kind): the first row's error once its estimate is scaled by the second's published /
     estimated, as `--estimate.anchor` scales a plan by a measured run (anchor.py). Labelled tokens/s/device (TFLOPS
     scale alike); `anchor` names the second row. `memory`: the memory GiB rows instead, paired as the anchor scales
-    a peak (anchor.scale_peak) -- of the same model, compile mode, layout kind other than pipeline parallel (a run's
+    a peak (memory.scale_peak) -- of the same model, compile mode, layout kind other than pipeline parallel (a run's
     logged peak is rank 0's, the estimate's its worst stage's) and activation checkpointing."""
-    from .anchor import scale_peak
-
     wanted = ("memory GiB",) if memory else ("tokens/s/device", "TFLOPS/device")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
