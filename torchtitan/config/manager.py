@@ -238,8 +238,8 @@ def apply_sections(cfg: JobConfig, sections: dict, source: str) -> JobConfig:
 def _refuse_torchtitan_file(toml: dict, path: str) -> None:
     """A torchtitan config (two or more of its own keys) gets one line: what it is and the converter command.
     A single torchtitan key in one of our files is answered key by key (_suggest_key)."""
-    found = torchtitan_keys.torchtitan_keys_in(toml)
-    if len(found) >= 2:
+    found = torchtitan_keys.torchtitan_file_keys(toml)
+    if found:
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
         raise ConfigError(
             f"{path} is a torchtitan config ({shown} are torchtitan's keys); convert it first:"

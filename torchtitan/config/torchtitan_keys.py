@@ -3,7 +3,7 @@ the parser and the converter.
 
 torchtitan (github.com/pytorch/torchtitan) configured runs with TOML files until PR #2386 (Feb 2026) replaced
 them with Python config registries; v0.2.2 is its last release with TOML. Its llama3 files come in three eras
-(torchtitan_compat.py describes them and converts such a file). `torchtitan_keys_in` and `hint` let the strict
+(torchtitan_compat.py describes them and converts such a file). `torchtitan_file_keys` and `hint` let the strict
 parser (manager.py) recognise a torchtitan file and answer a torchtitan name with its equivalent, never with a
 look-alike of another meaning. The table is its own module because both the parser and the converter read it,
 and the converter checks its result with the parser: one module for both would import them in a circle.
@@ -312,10 +312,12 @@ def _our_keys() -> frozenset[str]:
     )
 
 
-def torchtitan_keys_in(toml: dict) -> list[str]:
-    """Keys of a parsed TOML file that are torchtitan's and not ours (empty: not a torchtitan file)."""
+def torchtitan_file_keys(toml: dict) -> list[str]:
+    """The keys of a parsed TOML file that are torchtitan's and not ours, when there are two or more: then it is a
+    torchtitan file (to be converted); else [] (a single such key in one of our files is answered key by key)."""
     ours = _our_keys()
-    return [k for k in flatten(toml) if k in KEYS and k not in ours]
+    found = [k for k in flatten(toml) if k in KEYS and k not in ours]
+    return found if len(found) >= 2 else []
 
 
 def hint(name: str) -> str | None:

@@ -132,11 +132,11 @@ def _titan_config(plan_cfg, config_file: str | None, log: TorchtitanLog):
     from torchtitan.config import JobConfig, parse_args
     from torchtitan.config.manager import _load_toml, apply_sections
     from torchtitan.config.torchtitan_compat import convert
-    from torchtitan.config.torchtitan_keys import torchtitan_keys_in
+    from torchtitan.config.torchtitan_keys import torchtitan_file_keys
 
     if config_file is None:
         acfg = copy.deepcopy(plan_cfg)
-    elif len(torchtitan_keys_in(toml := _load_toml(config_file))) >= 2:
+    elif torchtitan_file_keys(toml := _load_toml(config_file)):
         acfg = apply_sections(JobConfig(), convert(toml, config_file).config, config_file)
     else:
         acfg = parse_args([f"--job.config_file={config_file}"])
