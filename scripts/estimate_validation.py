@@ -2,7 +2,7 @@
 
 python scripts/estimate_validation.py      # in-sample and leave-one-source-out tables, then the summary
 python scripts/estimate_validation.py --by-kind   # the error bars by device family and layout kind only
-python scripts/estimate_validation.py --write-docs   # replace the three tables in docs/estimate.md with these
+python scripts/estimate_validation.py --write-docs   # replace the five tables in docs/estimate.md with these
 (the error bars are the cross-validated errors, as the estimator prints them: torchtitan/estimate/accuracy.py)
 """
 
@@ -11,12 +11,22 @@ import sys
 from pathlib import Path
 
 from torchtitan.estimate.accuracy import comparable, family
-from torchtitan.estimate.validation import FITTED, cross_validated, median_abs_error, table
+from torchtitan.estimate.validation import FITTED, cross_validated, load_reference, median_abs_error, table
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "estimate.md"
 IN_SAMPLE = "In-sample (every constant as shipped)"
 CROSS_VALIDATED = "Cross-validated, leave one source out"
 BY_KIND = "By device family and layout kind"
+BY_SOURCE = "By source"
+BY_QUANTITY = "By quantity"
+# the quantities of the reference rows (validation.table's `what`), as the by-source table names them
+SHORT = {"tokens/s/device": "tokens/s", "TFLOPS/device": "TFLOPS", "memory GiB": "memory", "GPU-hours": "GPU-hours",
+         "decode tokens/s": "decode", "step time s": "CPU step", "max RSS GiB": "CPU RSS"}  # fmt: skip
+# the by-quantity table's lines: the goal's quantities (tokens/s and TFLOPS are one: the same step time)
+QUANTITY_LINES = (("tokens/s and TFLOPS per device", ("tokens/s/device", "TFLOPS/device")),
+                  ("GPU peak memory", ("memory GiB",)), ("GPU-hours", ("GPU-hours",)),
+                  ("decode tokens/s", ("decode tokens/s",)), ("CPU step time", ("step time s",)),
+                  ("CPU peak RSS", ("max RSS GiB",)))  # fmt: skip
 
 
 def _fmt(v: float) -> str:
@@ -65,6 +75,60 @@ def by_kind_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def _within(rows: list[dict]) -> int:
+    return sum(abs(x["error"]) <= x["goal"] for x in rows)
+
+
+def _median(rows: list[dict]) -> str:
+    return f"{median_abs_error(rows):.1%}"
+
+
+def by_source_table(cv: list[dict], ins: list[dict]) -> list[str]:
+    """One line per source of the reference file, in its order: the quantities, how many figures are within their
+    goal and the median absolute error, cross-validated (the goal's errors) and in-sample."""
+    out = [
+        "| source | figures | within goal | median abs. error | in-sample | largest abs. error |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for source in load_reference()["sources"]:
+        c = [x for x in cv if x["source"] == source]
+        i = [x for x in ins if x["source"] == source]
+        if not c:
+            continue
+        counts = {SHORT[w]: sum(x["what"] == w for x in c) for w in dict.fromkeys(x["what"] for x in c)}
+        figures = ", ".join(f"{what} {n}" for what, n in counts.items())
+        worst = max(c, key=lambda x: abs(x["error"]))["error"]
+        out.append(
+            f"| {source} | {figures} | {_within(c)} of {len(c)} | {_median(c)} | {_median(i)} | {worst:+.1%} |"
+        )
+    return out
+
+
+def by_quantity_table(cv: list[dict], ins: list[dict]) -> list[str]:
+    """One line per quantity and one for every figure: within goal, within 5 %, the median absolute error,
+    cross-validated and in-sample."""
+    out = [
+        "| quantity | goal | within goal | within 5 % | median abs. error | in-sample |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    groups = [
+        (name, [x for x in cv if x["what"] in whats], [x for x in ins if x["what"] in whats])
+        for name, whats in QUANTITY_LINES
+    ]
+    groups.append(("every figure", cv, ins))
+    for what, c, i in groups:
+        if not c:
+            continue
+        goals = sorted({x["goal"] for x in c})
+        goal = " / ".join(f"±{g:.0%}" for g in goals)
+        within5 = sum(abs(x["error"]) <= 0.05 for x in c)
+        out.append(
+            f"| {what} | {goal} | {_within(c)} of {len(c)} | {within5} | {median_abs_error(c):.2%} |"
+            f" {median_abs_error(i):.2%} |"
+        )
+    return out
+
+
 def print_by_kind(rows: list[dict]) -> None:
     print(f"### {BY_KIND}\n", *by_kind_table(rows), "", sep="\n")
 
@@ -104,6 +168,8 @@ def main() -> None:
         text = DOCS.read_text()
         text = replace_table(text, IN_SAMPLE, rows_table(ins), summary(ins))
         text = replace_table(text, CROSS_VALIDATED, rows_table(cv), summary(cv))
+        text = replace_table(text, BY_QUANTITY, by_quantity_table(cv, ins))
+        text = replace_table(text, BY_SOURCE, by_source_table(cv, ins))
         DOCS.write_text(replace_table(text, BY_KIND, by_kind_table(cv)))
         print(f"{DOCS}: tables rewritten; in-sample {summary(ins)}; cross-validated {summary(cv)}")
         return
@@ -121,6 +187,8 @@ def main() -> None:
     )
     title = CROSS_VALIDATED + (" (identical to in-sample)" if same else "")
     print(f"### {title}\n", *rows_table(cv), "", summary(cv), "", sep="\n")
+    print(f"### {BY_QUANTITY}\n", *by_quantity_table(cv, ins), "", sep="\n")
+    print(f"### {BY_SOURCE}\n", *by_source_table(cv, ins), "", sep="\n")
     print_by_kind(cv)
 
 

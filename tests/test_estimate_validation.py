@@ -1071,17 +1071,23 @@ def test_mi300x_ring_bandwidth_follows_its_links():
     assert collectives.busbw(plan, r.intra, r.inter, 2, 1) == r.intra
 
 
-def test_docs_tables_are_the_scripts():
-    """docs/estimate.md's three validation tables (in-sample, cross-validated with their summary lines, and the error
-    bars by device family and layout kind that each estimate reports for its own case) are what
-    scripts/estimate_validation.py makes of the reference rows now: `--write-docs` regenerates them when the estimates
-    move, and rewriting them from the current rows leaves the page unchanged."""
-    import re
+def _validation_script():
     import sys
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    import estimate_validation as ev
+    import estimate_validation
 
+    return estimate_validation
+
+
+def test_docs_tables_are_the_scripts():
+    """docs/estimate.md's five validation tables (in-sample, cross-validated with their summary lines, by quantity, by
+    source, and the error bars by device family and layout kind that each estimate reports for its own case) are what
+    scripts/estimate_validation.py makes of the reference rows now: `--write-docs` regenerates them when the estimates
+    move, and rewriting them from the current rows leaves the page unchanged."""
+    import re
+
+    ev = _validation_script()
     docs = (ROOT / "docs" / "estimate.md").read_text()
     ins = table(REF)
     for title, rows in ((ev.IN_SAMPLE, ins), (ev.CROSS_VALIDATED, CV)):
@@ -1089,10 +1095,57 @@ def test_docs_tables_are_the_scripts():
         assert section, f"docs/estimate.md lacks the table '{title}'"
         assert section.group(1).splitlines() == ev.rows_table(rows), title
         assert section.group(2) == ev.summary(rows), title
-    section = re.search(rf"#### {ev.BY_KIND}\n\n((?:\|.*\n)+)", docs)
-    assert section, "docs/estimate.md lacks the by-kind table"
-    assert section.group(1).splitlines() == ev.by_kind_table(CV)
+    generated = {
+        ev.BY_KIND: ev.by_kind_table(CV),
+        ev.BY_QUANTITY: ev.by_quantity_table(CV, ins),
+        ev.BY_SOURCE: ev.by_source_table(CV, ins),
+    }
+    for title, lines in generated.items():
+        section = re.search(rf"#### {title}\n\n((?:\|.*\n)+)", docs)
+        assert section, f"docs/estimate.md lacks the table '{title}'"
+        assert section.group(1).splitlines() == lines, title
     assert any("| tokens/s/device | Hopper | data parallel |" in x for x in ev.by_kind_table(CV))
     rewritten = ev.replace_table(docs, ev.IN_SAMPLE, ev.rows_table(ins), ev.summary(ins))
     rewritten = ev.replace_table(rewritten, ev.CROSS_VALIDATED, ev.rows_table(CV), ev.summary(CV))
-    assert ev.replace_table(rewritten, ev.BY_KIND, ev.by_kind_table(CV)) == docs
+    for title, lines in generated.items():
+        rewritten = ev.replace_table(rewritten, title, lines)
+    assert rewritten == docs
+
+
+def test_by_source_and_by_quantity_tables_count_every_figure():
+    """The by-source table has one line per source of the reference file, and its figures and the by-quantity
+    table's add up to every cross-validated figure; each line's counts are those of its rows."""
+    ev = _validation_script()
+    ins = table(REF)
+    lines = ev.by_source_table(CV, ins)[2:]
+    assert [x.split(" | ")[0].lstrip("| ") for x in lines] == list(REF["sources"])
+    figures = [int(x.split(" | ")[2].split(" of ")[1]) for x in lines]
+    assert sum(figures) == len(CV)
+    quantity = {x.split(" | ")[0].lstrip("| "): x.split(" | ")[2] for x in ev.by_quantity_table(CV, ins)[2:]}
+    assert sum(int(v.split(" of ")[1]) for k, v in quantity.items() if k != "every figure") == len(CV)
+    within = sum(abs(x["error"]) <= x["goal"] for x in CV)
+    assert quantity["every figure"] == f"{within} of {len(CV)}"
+    titan = next(x for x in lines if x.startswith("| titan_h100 |"))
+    rows = [x for x in CV if x["source"] == "titan_h100"]
+    assert f"| {sum(abs(x['error']) <= x['goal'] for x in rows)} of {len(rows)} |" in titan
+
+
+def test_readme_and_docs_headline_figures_are_the_rows():
+    """The figures the README and docs/estimate.md quote for the whole validation (figures within goal, the
+    cross-validated and in-sample medians, the tokens/s and TFLOPS median, the count outside, the number of
+    sources) are those of the reference rows now, so that a pass that moves them cannot leave them stale."""
+    readme = (ROOT / "README.md").read_text()
+    docs = (ROOT / "docs" / "estimate.md").read_text()
+    ins = table(REF)
+    within = sum(abs(x["error"]) <= x["goal"] for x in CV)
+    speed = [x for x in CV if x["what"] in ("tokens/s/device", "TFLOPS/device")]
+    flat = " ".join(readme.split())  # the README wraps its lines anywhere
+    assert f"on {len(CV)} published and measured figures" in flat
+    assert f"{within} within their goal" in flat
+    assert f"median error {median_abs_error(CV) * 100:.2f} %" in flat
+    assert f"{median_abs_error(ins) * 100:.2f} % in-sample" in flat
+    assert f"tokens/s and TFLOPS figures alone: {median_abs_error(speed) * 100:.2f} %" in flat
+    assert f"the {len(CV) - within} outside are" in flat
+    flat_docs = " ".join(docs.split())
+    assert f"{len(CV) - within} figures are outside their own goal" in flat_docs
+    assert f"{len(REF['sources'])} sources:" in flat_docs
