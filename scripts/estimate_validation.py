@@ -48,10 +48,13 @@ def rows_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def _within(rows: list[dict]) -> int:
+    return sum(abs(x["error"]) <= x["goal"] for x in rows)
+
+
 def summary(rows: list[dict]) -> str:
-    within = sum(abs(x["error"]) <= x["goal"] for x in rows)
     return (
-        f"{within} of {len(rows)} figures within their goal; median absolute error"
+        f"{_within(rows)} of {len(rows)} figures within their goal; median absolute error"
         f" {median_abs_error(rows):.1%} (tokens/s, TFLOPS and step-time rows:"
         f" {median_abs_error([x for x in rows if x['goal'] == 0.15]):.1%})"
     )
@@ -73,10 +76,6 @@ def by_kind_table(rows: list[dict]) -> list[str]:
             f" {a['median_error']:+.1%} | {a['within_goal']} (±{a['goal']:.0%}) |"
         )
     return out
-
-
-def _within(rows: list[dict]) -> int:
-    return sum(abs(x["error"]) <= x["goal"] for x in rows)
 
 
 def _median(rows: list[dict]) -> str:
