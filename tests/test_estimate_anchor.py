@@ -128,7 +128,7 @@ def test_the_report_names_the_anchor_and_a_different_configuration(tmp_path, cap
     [
         (("--activation_checkpoint.mode=full",), [], 60.0,
          "the anchor differs in activation checkpointing (full, the plan none)"),
-        ((), ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=2"], 60.0, "a pipeline run's logged peak is rank 0's"),
+        ((), ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=2"], 60.0, "a pipeline plan's peak is its worst stage's"),
         ((), [], 0.5, "its logged peak is below the estimate of its weights, gradients and optimizer states alone"),
     ],
 )  # fmt: skip
@@ -140,6 +140,27 @@ def test_memory_is_anchored_only_on_a_run_it_was_validated_for(tmp_path, overrid
     got = estimate([*argv, f"--estimate.anchor={folder}"])
     assert got["anchor"]["memory_ratio"] is None and why in got["anchor"]["memory_not_anchored"]
     assert got["memory_gib"] == plain["memory_gib"] and "anchor_correction" not in got["memory_breakdown_gib"]
+
+
+def test_a_pipeline_anchor_is_compared_with_its_first_stage(tmp_path, capsys):
+    """A run logs rank 0's peak: a pipeline anchor's estimated peak in the report and JSON is its rank 0's (the first
+    stage), not its worst stage's; the plan's report lists every pipeline rank's peak, rank 0 first."""
+    pp = [
+        "--parallelism.pipeline_parallel_degree=4",
+        "--training.local_batch_size=4",
+        "--activation_checkpoint.mode=full",
+    ]
+    folder = run_folder(tmp_path, [1.0, 5000.0, 5000.0], overrides=tuple(pp), peak=60.0)
+    own = estimate([*PLAN, "--estimate.num_devices=8", *pp])  # the anchor's configuration at its world size
+    by_rank = own["memory_by_pipeline_rank_gib"]
+    # under full AC the last stage's logits outweigh the first stage's activations in flight
+    assert len(by_rank) == 4 and max(by_rank) == own["memory_gib"] > by_rank[0]
+    got = estimate([*PLAN, "--estimate.num_devices=64", *pp, f"--estimate.anchor={folder}"])
+    assert got["anchor"]["estimated_memory_gib"] == pytest.approx(by_rank[0])
+    assert main([*PLAN, "--estimate.num_devices=8", *pp]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "by pipeline rank" in x)
+    assert line.split(":")[1].split()[:4] == [f"{v:.2f}" for v in by_rank]
+    assert estimate([*PLAN, "--estimate.num_devices=8"])["memory_by_pipeline_rank_gib"] is None
 
 
 def test_the_accuracy_line_is_the_anchored_pairs(tmp_path, capsys):
@@ -365,7 +386,7 @@ def test_the_report_names_a_torchtitan_log_and_what_it_changed(capsys):
         "estimated with the plan's config; what its log states changed: parallelism.data_parallel_shard_degree = 8,"
         " compile.enable = true, compile.components = model, activation_checkpoint.mode = selective" in out
     )
-    assert "its peak memory: 47.81 GiB measured" in out
+    assert "its peak memory (rank 0's): 47.81 GiB measured" in out
 
 
 def _edited_log(tmp_path: Path, drop: str = "", replace: tuple[str, str] = ("", ""),

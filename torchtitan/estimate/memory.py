@@ -402,7 +402,8 @@ def training_memory(plan: Plan) -> dict:
     """Per-rank peak memory (the worst pipeline rank) with its breakdown, in GiB, and whether it fits."""
     ranks = range(plan.pp) if plan.pp_plan is not None else [0]
     per_rank = [rank_memory(plan, r) for r in ranks]
-    worst = max(range(len(per_rank)), key=lambda r: sum(per_rank[r].values()))
+    by_rank = [sum(p.values()) / GIB for p in per_rank]  # rank 0 (the first stage) first: the peak a run logs
+    worst = max(range(len(per_rank)), key=lambda r: by_rank[r])
     parts = per_rank[worst]
     total = sum(parts.values())
     context = 0.0 if plan.hw.is_cpu else plan.eff.cuda_context_gib * GIB
@@ -411,6 +412,7 @@ def training_memory(plan: Plan) -> dict:
         "memory_gib": total / GIB,
         "memory_breakdown_gib": {k: parts[k] / GIB for k in KEYS},
         "peak_pipeline_rank": worst if plan.pp_plan is not None else None,
+        "memory_by_pipeline_rank_gib": by_rank if plan.pp_plan is not None else None,
         "device_memory_gib": plan.hw.memory_gib,
         "fits": total <= usable,
         "memory_over_usable": total / usable,  # the fits check's ratio: fits <= 1

@@ -28,6 +28,9 @@ def training_report(r: dict) -> str:
     ]
     for k, v in r["memory_breakdown_gib"].items():
         lines.append(f"  {k:<30} {_gib(v)}")
+    if r.get("memory_by_pipeline_rank_gib"):
+        by_rank = " ".join(f"{v:.2f}" for v in r["memory_by_pipeline_rank_gib"])
+        lines.append(f"  by pipeline rank: {by_rank} GiB (rank 0's is the peak a run logs)")
     lines += [
         "",
         f"step time  {r['step_time_s']:.3f} s"

@@ -102,6 +102,7 @@ def estimate_plan(plan: Plan) -> dict:
         "memory_gib": mem["memory_gib"],
         "memory_breakdown_gib": mem["memory_breakdown_gib"],
         "peak_pipeline_rank": mem["peak_pipeline_rank"],
+        "memory_by_pipeline_rank_gib": mem["memory_by_pipeline_rank_gib"],
         "step_time_s": step,
         "step_time_breakdown_s": t["step_time_breakdown_s"],
         "compute_detail_s": t["compute_detail_s"],
