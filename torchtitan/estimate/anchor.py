@@ -40,7 +40,7 @@ from pathlib import Path
 from torchtitan.errors import UserError
 from torchtitan.metrics.hardware import match_device
 
-from .memory import scale_peak, state_gib
+from .memory import rest_ratio, scale_peak, state_gib
 from .torchtitan_log import TorchtitanLog, read_log
 
 WARMUP_STEP = 1  # log rows of steps <= this are left out of the measured tokens/s
@@ -267,7 +267,7 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
     memory_ratio = None
     if why_not is None:  # the peak's `anchor_correction`; the fits verdict follows it
         state = state_gib(anchored)
-        memory_ratio = (run.memory_gib - state) / (anchored["memory_gib"] - state)
+        memory_ratio = rest_ratio(run.memory_gib, anchored["memory_gib"], state)
         peak = scale_peak(
             result["memory_gib"], state_gib(result), run.memory_gib, anchored["memory_gib"], state
         )

@@ -42,10 +42,15 @@ def state_gib(result: dict) -> float:
     return sum(result["memory_breakdown_gib"][k] for k in STATE_KEYS)
 
 
+def rest_ratio(measured: float, anchor_peak: float, anchor_state: float) -> float:
+    """A measured run's peak beyond its training state over its estimate's (`--estimate.anchor`'s memory ratio)."""
+    return (measured - anchor_state) / (anchor_peak - anchor_state)
+
+
 def scale_peak(peak: float, state: float, measured: float, anchor_peak: float, anchor_state: float) -> float:
     """A peak (GiB) scaled by a measured run (`--estimate.anchor`, anchor.py): its training state (byte counts, never
-    scaled) plus the rest times the run's measured / estimated rest."""
-    return state + (peak - state) * (measured - anchor_state) / (anchor_peak - anchor_state)
+    scaled) plus the rest times the run's measured / estimated rest (`rest_ratio`)."""
+    return state + (peak - state) * rest_ratio(measured, anchor_peak, anchor_state)
 
 
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32
