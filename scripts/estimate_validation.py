@@ -2,7 +2,7 @@
 
 python scripts/estimate_validation.py      # in-sample and leave-one-source-out tables, then the summary
 python scripts/estimate_validation.py --by-kind   # the error bars by device family and layout kind only
-python scripts/estimate_validation.py --write-docs   # replace the five tables in docs/estimate.md with these
+python scripts/estimate_validation.py --write-docs   # replace the six tables in docs/estimate.md with these
 (the error bars are the cross-validated errors, as the estimator prints them: torchtitan/estimate/accuracy.py)
 """
 
@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from torchtitan.estimate.accuracy import comparable, family
+from torchtitan.estimate.accuracy import comparable, family, held_out_coverage
 from torchtitan.estimate.validation import FITTED, cross_validated, load_reference, median_abs_error, table
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "estimate.md"
@@ -19,6 +19,7 @@ CROSS_VALIDATED = "Cross-validated, leave one source out"
 BY_KIND = "By device family and layout kind"
 BY_SOURCE = "By source"
 BY_QUANTITY = "By quantity"
+HELD_OUT = "Error bars held out"
 # the quantities of the reference rows (validation.table's `what`), as the by-source table names them
 SHORT = {"tokens/s/device": "tokens/s", "TFLOPS/device": "TFLOPS", "memory GiB": "memory", "GPU-hours": "GPU-hours",
          "decode tokens/s": "decode", "step time s": "CPU step", "max RSS GiB": "CPU RSS"}  # fmt: skip
@@ -64,16 +65,31 @@ def by_kind_table(rows: list[dict]) -> list[str]:
     """The error bars the estimator prints with an estimate (torchtitan/estimate/accuracy.py), for every device
     family and layout kind that has rows."""
     out = [
-        "| quantity | family | layout kind | figures | estimate / published - 1 | median | within goal |",
-        "| --- | --- | --- | ---: | --- | ---: | ---: |",
+        "| quantity | family | layout kind | figures | estimate / published - 1 | middle 80 % | median | within goal |",
+        "| --- | --- | --- | ---: | --- | --- | ---: | ---: |",
     ]
     for what, fam, kind in sorted(
         {(x["what"], family(x["device"]), x["layout"]) for x in rows if "device" in x}
     ):
         a = comparable(rows, fam, kind, what)
+        middle = f"{a['p10_error']:+.1%} .. {a['p90_error']:+.1%}" if "p10_error" in a else "-"
         out.append(
             f"| {what} | {fam} | {kind} | {a['figures']} | {a['min_error']:+.1%} .. {a['max_error']:+.1%} |"
-            f" {a['median_error']:+.1%} | {a['within_goal']} (±{a['goal']:.0%}) |"
+            f" {middle} | {a['median_error']:+.1%} | {a['within_goal']} (±{a['goal']:.0%}) |"
+        )
+    return out
+
+
+def held_out_table(rows: list[dict]) -> list[str]:
+    """Per quantity: how often the range an estimate prints (the middle 80 % of its comparable rows' errors), made
+    from the other sources' rows only, held a published figure (accuracy.held_out_coverage)."""
+    out = [
+        "| quantity | figures with a range | inside it | median width (high / low - 1) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for what, c in held_out_coverage(rows).items():
+        out.append(
+            f"| {what} | {c['figures']} | {c['inside']} ({c['inside'] / c['figures']:.0%}) | {c['median_width']:.1%} |"
         )
     return out
 
@@ -169,6 +185,7 @@ def main() -> None:
         text = replace_table(text, CROSS_VALIDATED, rows_table(cv), summary(cv))
         text = replace_table(text, BY_QUANTITY, by_quantity_table(cv, ins))
         text = replace_table(text, BY_SOURCE, by_source_table(cv, ins))
+        text = replace_table(text, HELD_OUT, held_out_table(cv))
         DOCS.write_text(replace_table(text, BY_KIND, by_kind_table(cv)))
         print(f"{DOCS}: tables rewritten; in-sample {summary(ins)}; cross-validated {summary(cv)}")
         return
@@ -188,6 +205,7 @@ def main() -> None:
     print(f"### {title}\n", *rows_table(cv), "", summary(cv), "", sep="\n")
     print(f"### {BY_QUANTITY}\n", *by_quantity_table(cv, ins), "", sep="\n")
     print(f"### {BY_SOURCE}\n", *by_source_table(cv, ins), "", sep="\n")
+    print(f"### {HELD_OUT}\n", *held_out_table(cv), "", sep="\n")
     print_by_kind(cv)
 
 

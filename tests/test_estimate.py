@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from unittest import mock
@@ -137,6 +138,58 @@ def test_the_fits_verdict_counts_the_comparable_errors_that_would_turn_it_over()
     assert "would not fit" in lines[-1]
 
 
+def test_the_middle_80_percent_of_the_errors_puts_the_estimate_in_a_range():
+    """With at least RANGE_FIGURES comparable rows, their 10th and 90th percentile errors (linear interpolation
+    between order statistics), and where they put the estimate's own figure: actual = estimate / (1 + error), so the
+    row estimated 30 % high says tokens/s could be 1 / 1.3 of the estimate; device-hours and days scale the other way.
+    With fewer rows, no range."""
+    from torchtitan.estimate import accuracy
+
+    errors = [-0.10, -0.05, 0.0, 0.02, 0.04, 0.05, 0.06, 0.08, 0.10, 0.30]  # 10 rows
+    rows = [dict(what="tokens/s/device", device="H100 SXM", layout="data parallel", error=e, goal=0.15)
+            for e in errors]  # fmt: skip
+    a = accuracy.comparable(rows, "Hopper", "data parallel", "tokens/s/device")
+    # inclusive deciles of 10 values: position 0.9 and 8.1 of 0..9
+    assert a["p10_error"] == pytest.approx(-0.10 + 0.9 * 0.05)
+    assert a["p90_error"] == pytest.approx(0.10 + 0.1 * 0.20)
+    estimate = {"tokens_per_sec_per_device": 1000.0, "gpu_hours": 500.0, "days": 2.0}
+    accuracy._expected(estimate, "tokens/s/device", a)
+    assert a["expected"] == pytest.approx([1000 / 1.12, 1000 / 0.945])
+    assert a["expected_gpu_hours"] == pytest.approx([500 * 0.945, 500 * 1.12])
+    assert a["expected_days"] == pytest.approx([2 * 0.945, 2 * 1.12])
+    lines = accuracy.report_lines({"tokens/s/device": a})
+    assert (
+        "middle 80 % of those errors (-5.5 .. +12.0 %) would put this plan at 893 .. 1,058 tokens/s"
+        in lines[1]
+    )
+    assert "the run at 472 .. 560 device-hours, 1.9 .. 2.2 days" in lines[1]
+    few = accuracy.comparable(rows[:9], "Hopper", "data parallel", "tokens/s/device")
+    assert "p10_error" not in few
+    accuracy._expected(estimate, "tokens/s/device", few)
+    assert "expected" not in few and len(accuracy.report_lines({"tokens/s/device": few})) == 1
+
+
+def test_held_out_coverage_builds_each_rows_range_from_the_other_sources():
+    """accuracy.held_out_coverage: a row's range comes from the comparable rows of the other sources only, and it
+    counts whether the row's own error lies inside; a row with fewer than RANGE_FIGURES such rows has no range."""
+    from torchtitan.estimate import accuracy
+
+    def row(source, error):
+        return dict(what="memory GiB", device="H200", layout="data parallel", error=error, goal=0.10,
+                    source=source)  # fmt: skip
+
+    a = [row("a", e / 100) for e in range(10)]  # 0 .. 9 %: deciles 0.9 % and 8.1 %
+    b = [row("b", e / 100) for e in (-5, 1, 2, 3, 4, 5, 6, 7, 8, 20)]  # deciles 0.4 % and 9.2 %
+    got = accuracy.held_out_coverage([*a, *b])["memory GiB"]
+    # a's rows against b's range [0.4 %, 9.2 %]: 1 .. 9 %, 9 inside; b's against a's [0.9 %, 8.1 %]: 1 .. 8 %, 8
+    assert (got["figures"], got["inside"]) == (20, 17)
+    widths = [1.092 / 1.004 - 1] * 10 + [1.081 / 1.009 - 1] * 10
+    assert got["median_width"] == pytest.approx(statistics.median(widths))
+    assert accuracy.held_out_coverage([*a, *b[:9]]) == {
+        "memory GiB": {"figures": 9, "inside": 8, "median_width": pytest.approx(1.081 / 1.009 - 1)}
+    }
+
+
 def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, capsys):
     """What the CLI adds to a training or inference estimate: the validation table's errors on the rows of the same
     device family and layout kind (here every Hopper FSDP-only row; the A100 single-GPU decode rows), in the report
@@ -156,6 +209,10 @@ def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, c
     assert got["tokens/s/device"]["figures"] == len(hopper) > 10
     assert got["tokens/s/device"]["max_error"] == max(hopper) and "memory GiB" in got
     assert "accuracy   tokens/s/device: on" in text and "(Hopper, data parallel)" in text
+    est = json.loads(out.read_text())["tokens_per_sec_per_device"]
+    low, high = got["tokens/s/device"]["expected"]
+    assert low == pytest.approx(est / (1 + got["tokens/s/device"]["p90_error"])) and low < est < high
+    assert f"would put this plan at {low:,.0f} .. {high:,.0f} tokens/s per device" in text
     assert estimate_main([*argv, "--estimate.accuracy=false"]) == 0
     assert "validation" not in json.loads(out.read_text()) and "accuracy" not in capsys.readouterr().out
     # an inference estimate is compared on the decode rows of its family and layout kind (A100, one device), with

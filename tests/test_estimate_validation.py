@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ROOT
 from torchtitan.estimate import validation
+from torchtitan.estimate.accuracy import held_out_coverage
 from torchtitan.estimate.validation import (
     cross_validated,
     load_reference,
@@ -1081,10 +1082,11 @@ def _validation_script():
 
 
 def test_docs_tables_are_the_scripts():
-    """docs/estimate.md's five validation tables (in-sample, cross-validated with their summary lines, by quantity, by
-    source, and the error bars by device family and layout kind that each estimate reports for its own case) are what
-    scripts/estimate_validation.py makes of the reference rows now: `--write-docs` regenerates them when the estimates
-    move, and rewriting them from the current rows leaves the page unchanged."""
+    """docs/estimate.md's six validation tables (in-sample, cross-validated with their summary lines, by quantity, by
+    source, the error bars by device family and layout kind that each estimate reports for its own case, and how often
+    those error bars held a source left out) are what scripts/estimate_validation.py makes of the reference rows
+    now: `--write-docs` regenerates them when the estimates move, and rewriting them from the current rows leaves the
+    page unchanged."""
     import re
 
     ev = _validation_script()
@@ -1099,6 +1101,7 @@ def test_docs_tables_are_the_scripts():
         ev.BY_KIND: ev.by_kind_table(CV),
         ev.BY_QUANTITY: ev.by_quantity_table(CV, ins),
         ev.BY_SOURCE: ev.by_source_table(CV, ins),
+        ev.HELD_OUT: ev.held_out_table(CV),
     }
     for title, lines in generated.items():
         section = re.search(rf"#### {title}\n\n((?:\|.*\n)+)", docs)
@@ -1133,7 +1136,7 @@ def test_by_source_and_by_quantity_tables_count_every_figure():
 def test_readme_and_docs_headline_figures_are_the_rows():
     """The figures the README and docs/estimate.md quote for the whole validation (figures within goal, the
     cross-validated and in-sample medians, the tokens/s and TFLOPS median, the count outside, the number of
-    sources) are those of the reference rows now, so that a pass that moves them cannot leave them stale."""
+    sources, how often the printed ranges held a source left out) are those of the reference rows now, so that a pass that moves them cannot leave them stale."""
     readme = (ROOT / "README.md").read_text()
     docs = (ROOT / "docs" / "estimate.md").read_text()
     ins = table(REF)
@@ -1149,3 +1152,6 @@ def test_readme_and_docs_headline_figures_are_the_rows():
     flat_docs = " ".join(docs.split())
     assert f"{len(CV) - within} figures are outside their own goal" in flat_docs
     assert f"{len(REF['sources'])} sources:" in flat_docs
+    held = {what: round(100 * c["inside"] / c["figures"]) for what, c in held_out_coverage(CV).items()}
+    assert f"the tokens/s range held {held['tokens/s/device']} % of the published runs, memory's" in flat
+    assert f"memory's {held['memory GiB']} %" in flat

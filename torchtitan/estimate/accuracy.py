@@ -41,6 +41,14 @@ FAMILIES = {
 # the table's quantities a training / an inference / a CPU training estimate is compared on
 QUANTITIES = {"training": ("tokens/s/device", "memory GiB"), "inference": (validation.DECODE_QUANTITY,),
               "CPU": validation.CPU_QUANTITIES}  # fmt: skip
+# each quantity's figure in an estimate's JSON, and its unit in the report
+ESTIMATE_KEYS = {"tokens/s/device": ("tokens_per_sec_per_device", "tokens/s per device"),
+                 "memory GiB": ("memory_gib", "GiB"),
+                 validation.DECODE_QUANTITY: ("decode_tokens_per_sec", "tokens/s while decoding"),
+                 "step time s": ("step_time_s", "s a step"), "max RSS GiB": ("memory_gib", "GiB")}  # fmt: skip
+# The range an estimate prints is the middle 80 % of the comparable rows' errors (their 10th to 90th percentile),
+# given where at least this many rows are comparable: with fewer, a tenth of them is not one row.
+RANGE_FIGURES = 10
 
 
 def family(device: str) -> str:
@@ -65,6 +73,9 @@ def comparable(rows: list[dict], fam: str, kind: str, what: str, ratio: float | 
             out = {"scope": scope, "figures": len(errors), "median_error": statistics.median(errors),
                    "min_error": min(errors), "max_error": max(errors),
                    "within_goal": sum(abs(e) <= goal for e in errors), "goal": goal}  # fmt: skip
+            if len(errors) >= RANGE_FIGURES:
+                deciles = statistics.quantiles(errors, n=10, method="inclusive")
+                out["p10_error"], out["p90_error"] = deciles[0], deciles[-1]
             if ratio is not None:  # actual > capacity <=> 1 + error < ratio
                 out["verdict_flipped_by"] = sum((1 + e < ratio) == (ratio <= 1) for e in errors)
             return out
@@ -118,7 +129,26 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
     out = {what: a for what, a in found.items() if a}
     if ratio is not None and "memory GiB" in out:
         out["memory GiB"]["peak_over_capacity"] = ratio
+    for what, a in out.items():
+        _expected(estimate, what, a)
     return out
+
+
+def _expected(estimate: dict, what: str, a: dict) -> None:
+    """Where the middle 80 % of the comparable rows' errors would put this estimate's own figure (actual = estimate /
+    (1 + error)), and, for tokens/s with a token budget, its device-hours and days (which scale as 1 / tokens/s)."""
+    if "p10_error" not in a:
+        return
+    lo, hi = 1 + a["p10_error"], 1 + a["p90_error"]
+    value = estimate[ESTIMATE_KEYS[what][0]]
+    a["expected"] = [value / hi, value / lo]
+    if what == "tokens/s/device" and "gpu_hours" in estimate:
+        a["expected_gpu_hours"] = [estimate["gpu_hours"] * lo, estimate["gpu_hours"] * hi]
+        a["expected_days"] = [estimate["days"] * lo, estimate["days"] * hi]
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
 def report_lines(acc: dict) -> list[str]:
@@ -144,6 +174,18 @@ def report_lines(acc: dict) -> list[str]:
             f"{'accuracy' if not lines else '':<10} {on} estimate / published - 1 = {spread};"
             f" {a['within_goal']} within {a['goal'] * 100:.0f} %"
         )
+        if "expected" in a:
+            low, high = a["expected"]
+            lines.append(
+                f"{'':<10} the middle 80 % of those errors ({a['p10_error'] * 100:+.1f} .. {a['p90_error'] * 100:+.1f}"
+                f" %) would put this plan at {_num(low)} .. {_num(high)} {ESTIMATE_KEYS[what][1]}"
+                + (
+                    f"; the run at {_num(a['expected_gpu_hours'][0])} .. {_num(a['expected_gpu_hours'][1])}"
+                    f" device-hours, {a['expected_days'][0]:.1f} .. {a['expected_days'][1]:.1f} days"
+                    if "expected_gpu_hours" in a
+                    else ""
+                )
+            )
         if a.get("verdict_flipped_by"):
             ratio, fits = a["peak_over_capacity"], a["peak_over_capacity"] <= 1
             lines.append(
@@ -153,3 +195,26 @@ def report_lines(acc: dict) -> list[str]:
                 f" more: at their error this plan would {'not fit' if fits else 'fit'}"
             )
     return lines
+
+
+def held_out_coverage(rows: list[dict]) -> dict[str, dict]:
+    """How often the range an estimate prints held the published figure of a run it was not made from: for each
+    row, the middle 80 % of the comparable rows' errors from the OTHER sources (as `comparable` picks them for the
+    row's device family and layout kind), and whether the row's own error lies within it. Per quantity: `figures`
+    (rows with at least RANGE_FIGURES comparable ones), `inside`, and `median_width` (the range's high / low - 1).
+    docs/estimate.md, "Error bars held out"."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r["what"] not in ESTIMATE_KEYS or "device" not in r:
+            continue
+        others = [o for o in rows if o["source"] != r["source"]]
+        a = comparable(others, family(r["device"]), r["layout"], r["what"])
+        if a is None or "p10_error" not in a:
+            continue
+        c = out.setdefault(r["what"], {"figures": 0, "inside": 0, "widths": []})
+        c["figures"] += 1
+        c["inside"] += a["p10_error"] <= r["error"] <= a["p90_error"]
+        c["widths"].append((1 + a["p90_error"]) / (1 + a["p10_error"]) - 1)
+    for c in out.values():
+        c["median_width"] = statistics.median(c.pop("widths"))
+    return out
