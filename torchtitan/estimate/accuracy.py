@@ -16,6 +16,11 @@ per estimate (training and inference; a search: its best layout), not to each la
 Inference estimates are compared on the decode rows (gpt-fast's and torchao's tables), whose layout kind is one
 device or tensor parallel.
 
+Where at least RANGE_FIGURES rows are comparable, the middle 80 % of their errors (10th to 90th percentile) is turned
+into a range for the estimate's own figure (actual = estimate / (1 + error)): tokens/s, peak memory, decode tokens/s
+or step time, and with a token budget the device-hours and days. `held_out_coverage` checks how often such a range,
+made from the other sources' rows, held a published figure (docs/estimate.md, "Error bars held out").
+
 The same errors say how sure a training plan's FITS / DOES NOT FIT is: a comparable published peak whose estimate
 was low by more than this plan's headroom (estimate / (device memory - the CUDA context) - 1, the fits check's)
 would, at that error, not fit, and one high by more than its excess would fit. `accuracy_of` counts them
@@ -47,7 +52,7 @@ ESTIMATE_KEYS = {"tokens/s/device": ("tokens_per_sec_per_device", "tokens/s per 
                  validation.DECODE_QUANTITY: ("decode_tokens_per_sec", "tokens/s while decoding"),
                  "step time s": ("step_time_s", "s a step"), "max RSS GiB": ("memory_gib", "GiB")}  # fmt: skip
 # The range an estimate prints is the middle 80 % of the comparable rows' errors (their 10th to 90th percentile),
-# given where at least this many rows are comparable: with fewer, a tenth of them is not one row.
+# printed only where at least this many rows are comparable: with fewer, a tenth of them is not one row.
 RANGE_FIGURES = 10
 
 
