@@ -16,7 +16,7 @@ from torchtitan.config.manager import to_toml
 from torchtitan.errors import UserError
 from torchtitan.estimate import anchor
 from torchtitan.estimate.__main__ import main, run
-from torchtitan.estimate.memory import scale_peak, state_gib
+from torchtitan.estimate.memory import rest_ratio, scale_peak, state_gib
 from torchtitan.estimate.validation import (
     anchor_kind,
     anchored,
@@ -269,9 +269,8 @@ def test_anchoring_memory_on_a_published_run_of_the_same_kind():
         kind = {**anchor_kind(e), **device_and_layout(e)}
         for r in rows:
             if r["source"] == oom["source"] and all(r[k] == v for k, v in kind.items()):
-                peak = scale_peak(
-                    e["memory_gib"], state_gib(e), r["published"], r["estimated"], r["state_gib"]
-                )
+                ratio = rest_ratio(r["published"], r["estimated"], r["state_gib"])
+                peak = scale_peak(e["memory_gib"], state_gib(e), ratio)
                 assert peak / e["memory_gib"] * e["memory_over_usable"] > 1, (oom["id"], r["id"])
                 checked.append((oom["id"], e["fits"]))
     assert ("h100_gpt2shape_fsdp4_b6_no_ac_compile_pr533_oom", True) in checked

@@ -169,10 +169,13 @@ def _differences(plan: dict, anchor: dict) -> list[str]:
     return out
 
 
-def _memory_not_anchored(plan: dict, anchor: dict, measured_gib: float | None) -> str | None:
+def _memory_not_anchored(
+    plan: dict, anchor: dict, measured_gib: float | None, differs: list[str]
+) -> str | None:
     """Why the plan's peak memory is not scaled by the anchor's measured / estimated peak, or None when it is: the
     anchor must have logged a peak and share the plan's model, compile mode, layout kind (not pipeline parallel) and
-    activation checkpointing (the pairs of validation.anchored(memory=True))."""
+    activation checkpointing (the pairs of validation.anchored(memory=True)). `differs`: `_differences(plan,
+    anchor)`."""
     from .validation import device_and_layout
 
     if measured_gib is None:
@@ -182,10 +185,9 @@ def _memory_not_anchored(plan: dict, anchor: dict, measured_gib: float | None) -
             "a pipeline plan's peak is its worst stage's, a run logs rank 0's, and anchoring one published pipeline"
             " peak on the other took its error from +6.6 % to +29 %"
         )
-    differs = _differences(plan, anchor)
     p_ac, a_ac = plan["layout"]["ac_mode"], anchor["layout"]["ac_mode"]
     if p_ac != a_ac:
-        differs.append(f"activation checkpointing ({a_ac}, the plan {p_ac})")
+        differs = [*differs, f"activation checkpointing ({a_ac}, the plan {p_ac})"]
     if differs:
         return f"the anchor differs in {'; '.join(differs)}"
     if measured_gib <= state_gib(anchor):
@@ -263,14 +265,13 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
     for k in ("gpu_hours", "days"):
         if k in result:
             result[k] /= ratio
-    why_not = _memory_not_anchored(result, anchored, run.memory_gib)
+    differs = _differences(result, anchored)
+    why_not = _memory_not_anchored(result, anchored, run.memory_gib, differs)
     memory_ratio = None
     if why_not is None:  # the peak's `anchor_correction`; the fits verdict follows it
         state = state_gib(anchored)
         memory_ratio = rest_ratio(run.memory_gib, anchored["memory_gib"], state)
-        peak = scale_peak(
-            result["memory_gib"], state_gib(result), run.memory_gib, anchored["memory_gib"], state
-        )
+        peak = scale_peak(result["memory_gib"], state_gib(result), memory_ratio)
         result["memory_breakdown_gib"]["anchor_correction"] = peak - result["memory_gib"]
         result["memory_over_usable"] *= peak / result["memory_gib"]
         result["memory_gib"] = peak
@@ -291,7 +292,7 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
         "estimated_memory_gib": (anchored["memory_by_pipeline_rank_gib"] or [anchored["memory_gib"]])[0],
         "memory_ratio": memory_ratio,
         "memory_not_anchored": why_not,
-        "differs_from_plan": _differences(result, anchored),
+        "differs_from_plan": differs,
     }
 
 

@@ -47,10 +47,10 @@ def rest_ratio(measured: float, anchor_peak: float, anchor_state: float) -> floa
     return (measured - anchor_state) / (anchor_peak - anchor_state)
 
 
-def scale_peak(peak: float, state: float, measured: float, anchor_peak: float, anchor_state: float) -> float:
+def scale_peak(peak: float, state: float, ratio: float) -> float:
     """A peak (GiB) scaled by a measured run (`--estimate.anchor`, anchor.py): its training state (byte counts, never
-    scaled) plus the rest times the run's measured / estimated rest (`rest_ratio`)."""
-    return state + (peak - state) * rest_ratio(measured, anchor_peak, anchor_state)
+    scaled) plus the rest times `ratio`, the run's measured / estimated rest (`rest_ratio`)."""
+    return state + (peak - state) * ratio
 
 
 ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq, fp32

@@ -26,7 +26,7 @@ from torchtitan.models import model_args_from_config
 
 from .efficiency import DEFAULT, Efficiency
 from .inference import estimate_inference
-from .memory import scale_peak, state_gib
+from .memory import rest_ratio, scale_peak, state_gib
 from .plan import Calibration, build_plan, resolve_hardware
 from .training import estimate_plan
 
@@ -181,7 +181,8 @@ def anchored(rows: list[dict], similar: bool = True, memory: bool = False) -> li
 
     def scaled(r: dict, a: dict) -> float:
         if memory:
-            return scale_peak(r["estimated"], r["state_gib"], a["published"], a["estimated"], a["state_gib"])
+            ratio = rest_ratio(a["published"], a["estimated"], a["state_gib"])
+            return scale_peak(r["estimated"], r["state_gib"], ratio)
         return r["estimated"] * a["published"] / a["estimated"]
 
     return [
