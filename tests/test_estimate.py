@@ -397,6 +397,39 @@ def test_silicon_twins_run_their_twins_kernels_over_their_own_links():
     assert estimate(*EIGHT_B, *three, "--estimate.hardware=mi325x")["fits"]
 
 
+def test_gh200_runs_the_h100_die_on_a_four_gpu_mesh_node():
+    """The GH200's GPU is the H100 SXM's die (rates.SILICON_TWINS) with its own memory: its matmuls and attention
+    take the H100's time, its memory-bound work the time its 4.0 (4.9) TB/s allow, and the 144 GB part holds a batch
+    the 96 GB one cannot. Its node is four GPUs joined pairwise by NVLink (150 GB/s each way a pair), no switch: a
+    ring over 2 of them has one pair's links, a third of the node's; across nodes, one 200 Gb/s NIC per GPU. CSCS's
+    nccl-tests between two GH200s on two Alps nodes (all_reduce, 128 MiB: 22.86 GB/s bus bandwidth, cscs-docs
+    80abed13), which sets nothing, is reproduced within 10 %."""
+    from torchtitan.estimate import accuracy, collectives, rates, steptime
+    from torchtitan.estimate.plan import build_plan
+
+    h100 = estimate(*EIGHT_B)["compute_detail_s"]
+    for hw, tbps in (("gh200", 4.0), ("gh200-144gb", 4.9)):
+        got = estimate(*EIGHT_B, f"--estimate.hardware={hw}")["compute_detail_s"]
+        assert got["matmul"] == pytest.approx(h100["matmul"])
+        assert got["attention"] == pytest.approx(h100["attention"])
+        assert got["elementwise"] == pytest.approx(h100["elementwise"] * 3.35 / tbps)
+    none = ("--activation_checkpoint.mode=none",)  # ~138 GB a GPU
+    assert not estimate(*EIGHT_B, *none, "--estimate.hardware=gh200")["fits"]
+    assert estimate(*EIGHT_B, *none, "--estimate.hardware=gh200-144gb")["fits"]
+
+    plan = build_plan(parse_args([*EIGHT_B, "--estimate.hardware=gh200", "--estimate.num_devices=8"]))
+    r = steptime.Rates(plan)
+    assert plan.hw.devices_per_node == 4 and collectives.is_mesh("GH200")
+    assert r.intra == pytest.approx(450e9 * DEFAULT.intra_node)
+    assert collectives.busbw(plan, r.intra, r.inter, 4, 1) == pytest.approx(r.intra)
+    assert collectives.busbw(plan, r.intra, r.inter, 2, 1) == pytest.approx(r.intra / 3)
+    across = collectives.busbw(plan, r.intra, r.inter, 2, 4)  # one GPU on each of two nodes
+    assert across == pytest.approx(25e9 * DEFAULT.inter_node)
+    assert abs(across / 22.86e9 - 1) < 0.10
+    assert collectives.node_channels("GH200") == collectives.node_channels("H100 SXM")
+    assert rates.attention_backend("GH200 144GB") == "cudnn" and accuracy.family("GH200") == "Hopper"
+
+
 def test_every_hardware_field_is_overridable():
     cfg = parse_args(["--estimate.hardware=h100-sxm", "--estimate.peak_tflops=800", "--estimate.memory_gib=89.4",
                       "--estimate.hbm_bandwidth_gbps=2400", "--estimate.intra_node_bandwidth_gbps=300",

@@ -51,6 +51,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         ("NVIDIA H800 80GB HBM3", "H800"),
         ("NVIDIA A800-SXM4-80GB", "A800"),
         ("AMD Instinct MI325X", "MI325X"),
+        ("NVIDIA GH200 480GB", "GH200"),  # the superchip's 480 GB LPDDR5X beside its GPU's 96 GB HBM3
+        ("NVIDIA GH200 120GB", "GH200"),  # 120 GB LPDDR5X (Alps, JUPITER, Isambard-AI), the same 96 GB GPU
+        ("NVIDIA GH200 144G HBM3e", "GH200 144GB"),
+        ("NVIDIA GH200 144GB HBM3e", "GH200 144GB"),
         ("  nvidia   h100 80gb  hbm3 ", "H100 SXM"),  # whitespace and case do not matter
     ],
 )
@@ -70,6 +74,8 @@ def test_match_real_device_names(name, key):
         "NVIDIA H800 PCIe",  # the 2,000 GB/s PCIe card: another part
         "NVIDIA A800 80GB PCIe",
         "NVIDIA H20",  # another cut of Hopper: its own peak
+        "NVIDIA GH200",  # which memory: 96 GB or 144 GB
+        "NVIDIA GH200 624GB",  # not a name a driver was seen to give
         "NVIDIA L40",
         "NVIDIA GB10",  # a DGX Spark's GPU, not a GB200 / GB300
         "NVIDIA B300A",
@@ -92,6 +98,8 @@ def test_table_values_and_fp8():
         "H200",
         "H200 NVL",
         "H800",
+        "GH200",
+        "GH200 144GB",
         "B200",
         "GB200",
         "B300",
@@ -113,6 +121,8 @@ def test_table_values_and_fp8():
         "H800": 989,
         "A800": 312,
         "MI325X": 1307,
+        "GH200": 989,
+        "GH200 144GB": 989,
     }
     for key, bf16 in expected.items():
         assert DEVICE_SPECS[key].bf16_tflops == bf16

@@ -389,13 +389,15 @@ class Estimate:
     )
     hardware: str = opt(
         "h100-sxm",
-        "device to plan for: a100, a100-40gb, a800, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, h800, b200, gb200,"
-        " b300, gb300, l40s, mi300x, mi325x, mi355x, cpu (cpu: peak and bandwidths measured here)",
+        "device to plan for: a100, a100-40gb, a800, h100-sxm, h100-pcie, h100-nvl, h200, h200-nvl, h800, gh200"
+        " (96 GB), gh200-144gb, b200, gb200, b300, gb300, l40s, mi300x, mi325x, mi355x, cpu (cpu: peak and bandwidths"
+        " measured here)",
     )
     num_devices: int = opt(8, "devices (ranks) of the planned run; the parallel degrees must multiply to it")
     devices_per_node: int | None = opt(
         None,
-        "devices sharing a node's fabric; None = the hardware's (8 for GPUs, 72 for a GB200 / GB300 NVL72 rack)",
+        "devices sharing a node's fabric; None = the hardware's (8 for GPUs, 4 for GH200 nodes, 72 for a GB200 / GB300"
+        " NVL72 rack)",
     )
     total_tokens: float | None = opt(
         None, "training tokens of the whole run, for gpu_hours and days (e.g. 15e12)"

@@ -4,7 +4,7 @@ A planning number is only as useful as its error bar. The estimator's own valida
 docs/estimate.md "Validation") holds every published figure it was checked against; this module picks the rows
 comparable to the configuration being estimated -- the same device family and the same kind of layout
 (validation.layout_kind) -- and reports how far their estimates were from what was published (error = estimated /
-published - 1: positive means the estimate was too high). Families: Hopper (H100, H200 and H800 parts), Ampere
+published - 1: positive means the estimate was too high). Families: Hopper (H100, H200, H800 and GH200 parts), Ampere
 (A100, A800), Blackwell (B200, GB200, B300, GB300), CDNA 3 (MI300X, MI325X), CDNA 4 (MI355X), CPU (compared on this
 project's calibrated CPU rows: step time and resident memory). When no row of the family has that layout kind, the
 family's rows of every layout are used, and when the family has none, every row; the result names the scope it used.
@@ -35,7 +35,7 @@ import statistics
 
 from . import rates, validation
 
-# a silicon twin (rates.SILICON_TWINS: H800, A800, MI325X) is in its twin's family
+# a silicon twin (rates.SILICON_TWINS: H800, A800, MI325X, GH200) is in its twin's family
 FAMILIES = {
     "Hopper": ("H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"),
     "Ampere": ("A100", "A100 40GB"),

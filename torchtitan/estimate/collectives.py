@@ -81,8 +81,14 @@ NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24}
 NCCL_CHANNELS_DEFAULT = 16
 # Devices whose GEMMs are static persistent kernels (one CTA per SM, tiles assigned at launch): Hopper.
 STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"})
-# Devices whose node is a switchless full mesh, with the measured 8-GPU ring bus bandwidth as a fraction of the
-# datasheet per-device figure (448 GB/s = 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB.
+# Devices whose node is a switchless full mesh (each GPU linked straight to each peer, no switch): AMD's 8-GPU
+# Infinity Fabric nodes and the quad-GH200 nodes (6 NVLinks between every pair; torchtitan/metrics/hardware.py). A
+# ring over some of a node's GPUs has only the links among them. A silicon twin's node is its twin's unless named.
+MESH_NODES = frozenset({"MI300X", "MI355X", "GH200", "GH200 144GB"})
+# The measured 8-GPU ring bus bandwidth of a mesh node as a fraction of the datasheet per-device figure (448 GB/s =
+# 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB. No NCCL figure of a quad-GH200 node alone
+# was found (CSCS's and Sigma2's nccl-tests span two nodes, bound by the NICs): it takes the NVLink fraction
+# (efficiency.intra_node).
 # The MI355X's mesh (7 x 76.8 GB/s each way) takes the MI300X's fraction: no RCCL bus bandwidth of a whole MI355X node
 # at a large payload was found (ROCm/mori#200's 326 / 333 GB/s reduce-scatter / all-gather at 128 MB a GPU do not
 # say whether they are bus or algorithm bandwidth; 0.70 x 537.6 = 376).
@@ -94,11 +100,15 @@ def intra_fraction(device: str, default: float) -> float:
     return MESH_BUSBW_FRACTION.get(rates.silicon(device), default)
 
 
+def is_mesh(device: str) -> bool:
+    return device in MESH_NODES or rates.silicon(device) in MESH_NODES
+
+
 def intra_busbw(plan: Plan, intra: float, ppn: int) -> float:
     """Bus bandwidth inside a node for a ring with `ppn` of its ranks on each node: the node figure behind a switch
     (NVSwitch), (ppn - 1) / (GPUs per node - 1) of it on a switchless mesh (its links among those ranks only)."""
     dpn = plan.hw.devices_per_node
-    if rates.silicon(plan.hw.name) in MESH_BUSBW_FRACTION and not plan.hw.is_cpu and 1 < ppn < dpn:
+    if is_mesh(plan.hw.name) and 1 < ppn < dpn:
         return intra * (ppn - 1) / (dpn - 1)
     return intra
 

@@ -80,7 +80,19 @@ SAME_ARCH = {
 # backend, the rowwise table, NCCL's channels, cuBLAS's persistent GEMMs, a mesh's bus-bandwidth fraction) is the
 # twin's, while the part's own table entry gives its memory, HBM bandwidth and links. Its GEMM source is its own where
 # one was measured on it (GEMM_SOURCES: the MI325X), else the twin's.
-SILICON_TWINS = {"H800": "H100 SXM", "A800": "A100", "MI325X": "MI300X"}
+# The GH200's GPU is the H100 SXM's die: its measured MAMFs are bursts like the H100's / H200's (bf16 821.0 TFLOPS at
+# 11264x19712x1536 on a "GH200 480GB", torch 2.4, stas00/ml-engineering#60; 828.6 at 1024x15360x4096 on the 144 GB
+# part at its 900 W GPU limit, torch 2.6, the MAMF table at 744d01e; the H100's 794.5, the H200's 848-852), so it takes
+# the twin's sustained 700 W rates (the MSMF below). No sustained GEMM figure of a GH200 was found: whatever a 900 W
+# GPU limit sustains above 700 W is not counted (power_factor stops at 1), and a site's module cap (Alps ~660 W, JUPITER
+# 680 W, CPU and memory included) is --estimate.power_limit_w with the GPU's share.
+SILICON_TWINS = {
+    "H800": "H100 SXM",
+    "A800": "A100",
+    "MI325X": "MI300X",
+    "GH200": "H100 SXM",
+    "GH200 144GB": "H100 SXM",
+}
 
 
 def silicon(device: str) -> str:

@@ -92,6 +92,26 @@ class DeviceSpec:
 #              2022 with NVLink cut from 600 to 400 GB/s -> 200 each way, compute unchanged: the A100 SXM4 80GB's BF16
 #              312 TF dense, 80 GB HBM2e 2,039 GB/s, 400 W); one 200 Gb/s HDR port per GPU assumed, as for the A100
 #              -> 25 GB/s. torch names it "NVIDIA A800-SXM4-80GB".
+#   GH200:     NVIDIA GH200 Grace Hopper Superchip, its GPU: the H100 SXM's GH100 die beside a Grace CPU (132 SMs:
+#              JSC's JUPITER configuration page, apps.fz-juelich.de/jsc/hps/jupiter/configuration.html; BF16 989 and
+#              FP8 1,979 TF dense, "per chip w/o sparsity", stas00/ml-engineering 744d01e
+#              compute/accelerator/README.md). Two memory variants: 96 GB HBM3 at 4 TB/s (JSC's page: "96 GB HBM3
+#              memory at 4 TB/s"; CSCS's Alps node schematic, eth-cscs/cscs-docs 80abed13
+#              docs/images/alps/gh200-schematic.svg: "<=4000GB/s"), which torch names "NVIDIA GH200 480GB" or
+#              "NVIDIA GH200 120GB" (the superchip's LPDDR5X; nvidia-smi 97,871 MiB), and "GH200 144GB" below. The
+#              HPC systems built from it (CSCS Alps, JSC JUPITER, Bristol Isambard-AI, Sigma2 Olivia) have 4 GH200 a
+#              node, every pair joined by 6 NVLink 4 links: "GPU All2all: 3x6 NVLink 150GB/s per direction" (the Alps
+#              schematic), "150 GB/s per direction" between pairs (JSC) -> 3 x 150 = 450 each way, a switchless full
+#              mesh (the estimator's collectives.MESH_NODES); one 200 Gb/s NIC per GH200 (Alps: "Slingshot
+#              hsn0-hsn3 200Gb/s (25GB/s)"; JUPITER: "4x InfiniBand NDR200") -> 25 GB/s. Power is the module's (CPU +
+#              GPU + memory), capped by the site: Alps "approximately 660 W" (cscs-docs docs/running/slurm.md),
+#              JUPITER "TDP: 680 W (for full GH200 superchip)"; nvidia-smi shows the GPU's own limit as 900 W. A
+#              single-GH200 node (Lambda's, Durham's Bede) or a DGX GH200 has other links: --estimate.devices_per_node
+#              and the bandwidth overrides.
+#   GH200 144GB: the same superchip with 144 GB HBM3e (nvidia-smi 146,831 MiB) at 4.9 TB/s (NVIDIA's GH200 HBM3e
+#              announcement, 2023-08; the part's device attributes agree: a 3,201 MHz memory clock on a 6,144-bit bus,
+#              2 x 3.201e9 x 6144 / 8 = 4.92 TB/s). torch names it "NVIDIA GH200 144G HBM3e" (also seen as "NVIDIA
+#              GH200 144GB HBM3e"); the node as above. A bare "NVIDIA GH200" does not say which memory: unmatched.
 #   MI325X:    AMD Instinct MI325X (amd.com/en/products/accelerators/instinct/mi300/mi325x.html): the MI300X's CDNA 3
 #              compute (BF16 1,307.4 TF dense, FP8 2,614.9) and its 7-link Infinity Fabric mesh (448 each way),
 #              with 256 GB HBM3E at 6 TB/s and a 1,000 W board power (stas00/ml-engineering, commit 744d01e:
@@ -115,6 +135,8 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         DeviceSpec("H200 NVL", 835.0, 2 * 835.0, 141.0, 4800.0, 64.0, 25.0),
         DeviceSpec("H800", 989.0, 2 * 989.0, 80.0, 3350.0, 200.0, 50.0),
         DeviceSpec("A800", 312.0, None, 80.0, 2039.0, 200.0, 25.0),
+        DeviceSpec("GH200", 989.0, 2 * 989.0, 96.0, 4000.0, 450.0, 25.0, devices_per_node=4),
+        DeviceSpec("GH200 144GB", 989.0, 2 * 989.0, 144.0, 4900.0, 450.0, 25.0, devices_per_node=4),
         DeviceSpec("L40S", 362.0, 733.0, 48.0, 864.0, 32.0, 25.0),
         DeviceSpec("B200", 2250.0, 4500.0, 180.0, 8000.0, 900.0, 50.0),
         DeviceSpec("GB200", 2500.0, 5000.0, 186.0, 8000.0, 900.0, 50.0, devices_per_node=72),
@@ -158,6 +180,9 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     # "NVIDIA H800" or "NVIDIA H800 80GB HBM3"; the 2,000 GB/s PCIe card ("NVIDIA H800 PCIe") is left unmatched
     (_NV + r"h800( sxm\d?)?" + _MEM + r"( hbm3)?", "H800"),
     (_NV + r"a800([- ](sxm\d?|\d+gb))*", "A800"),  # A800-SXM4-80GB; the PCIe cards are left unmatched
+    # a Grace Hopper superchip's GPU by its memory: "480GB" / "120GB" (the superchip's LPDDR5X + 96 GB HBM3)
+    (_NV + r"gh200 (480|120)gb", "GH200"),
+    (_NV + r"gh200 144gb? hbm3e", "GH200 144GB"),
     (_NV + r"l40s", "L40S"),
     (_NV + r"b200" + _MEM + r"( hbm3e)?", "B200"),
     (_NV + r"gb200" + _MEM, "GB200"),  # the GPU of a Grace Blackwell superchip: its own peak, not the B200's
