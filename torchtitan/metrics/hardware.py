@@ -108,10 +108,13 @@ class DeviceSpec:
 #              JUPITER "TDP: 680 W (for full GH200 superchip)"; nvidia-smi shows the GPU's own limit as 900 W. A
 #              single-GH200 node (Lambda's, Durham's Bede) or a DGX GH200 has other links: --estimate.devices_per_node
 #              and the bandwidth overrides.
-#   GH200 144GB: the same superchip with 144 GB HBM3e (nvidia-smi 146,831 MiB) at 4.9 TB/s (NVIDIA's GH200 HBM3e
-#              announcement, 2023-08; the part's device attributes agree: a 3,201 MHz memory clock on a 6,144-bit bus,
-#              2 x 3.201e9 x 6144 / 8 = 4.92 TB/s). torch names it "NVIDIA GH200 144G HBM3e" (also seen as "NVIDIA
-#              GH200 144GB HBM3e"); the node as above. A bare "NVIDIA GH200" does not say which memory: unmatched.
+#   GH200 144GB: the same superchip with 144 GB HBM3e (nvidia-smi 146,831 MiB) at 4.9 TB/s, NVIDIA's figure as
+#              commonly quoted (its page was not read here); the part's own CUDA device attributes (a driver 13.2
+#              snapshot of a "NVIDIA GH200 144G HBM3e" found in a public repository: memory clock 3,201,000 kHz on a
+#              6,144-bit bus, 132 SMs at 1,980 MHz) give 2 x 3.201e9 x 6144 / 8 = 4.92 TB/s, the formula that gives
+#              the H100 SXM's 3.35 from its 2,619 MHz and 5,120 bits. torch names it "NVIDIA GH200 144G HBM3e" (also
+#              seen as "NVIDIA GH200 144GB HBM3e"); the node as above. A bare "NVIDIA GH200" does not say which
+#              memory: unmatched.
 #   MI325X:    AMD Instinct MI325X (amd.com/en/products/accelerators/instinct/mi300/mi325x.html): the MI300X's CDNA 3
 #              compute (BF16 1,307.4 TF dense, FP8 2,614.9) and its 7-link Infinity Fabric mesh (448 each way),
 #              with 256 GB HBM3E at 6 TB/s and a 1,000 W board power (stas00/ml-engineering, commit 744d01e:
@@ -180,7 +183,7 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
     # "NVIDIA H800" or "NVIDIA H800 80GB HBM3"; the 2,000 GB/s PCIe card ("NVIDIA H800 PCIe") is left unmatched
     (_NV + r"h800( sxm\d?)?" + _MEM + r"( hbm3)?", "H800"),
     (_NV + r"a800([- ](sxm\d?|\d+gb))*", "A800"),  # A800-SXM4-80GB; the PCIe cards are left unmatched
-    # a Grace Hopper superchip's GPU by its memory: "480GB" / "120GB" (the superchip's LPDDR5X + 96 GB HBM3)
+    # a Grace Hopper superchip's GPU, named by the superchip's LPDDR5X (480 or 120 GB) beside its 96 GB HBM3
     (_NV + r"gh200 (480|120)gb", "GH200"),
     (_NV + r"gh200 144gb? hbm3e", "GH200 144GB"),
     (_NV + r"l40s", "L40S"),
