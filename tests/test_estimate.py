@@ -430,6 +430,27 @@ def test_gh200_runs_the_h100_die_on_a_four_gpu_mesh_node():
     assert rates.attention_backend("GH200 144GB") == "cudnn" and accuracy.family("GH200") == "Hopper"
 
 
+def test_report_says_which_power_the_compute_rates_stand_for():
+    """The table's compute rates are measurements at a power limit: the report names it ("compute at N W") so a
+    plan for a capped part (a GH200 site's module cap, Meta's 500 W H100s) shows whether the cap was given. A limit
+    above the part's rated power adds nothing (the rates stop there), and measured rates name none."""
+    from torchtitan.estimate import rates
+    from torchtitan.estimate.report import training_report
+
+    cases = [
+        ("gh200", None, 700.0),
+        ("h100-sxm", 500, 500.0),
+        ("h100-sxm", 900, 700.0),
+        ("mi325x", None, 1000.0),
+    ]
+    for hw, limit, watts in cases:
+        extra = [f"--estimate.power_limit_w={limit}"] if limit else []
+        r = estimate(*EIGHT_B, f"--estimate.hardware={hw}", *extra)
+        assert r["hardware"]["compute_power_w"] == watts
+        assert f"; compute at {watts:.0f} W)" in training_report(r).splitlines()[1]
+    assert rates.compute_power_w("CPU", None) is None
+
+
 def test_every_hardware_field_is_overridable():
     cfg = parse_args(["--estimate.hardware=h100-sxm", "--estimate.peak_tflops=800", "--estimate.memory_gib=89.4",
                       "--estimate.hbm_bandwidth_gbps=2400", "--estimate.intra_node_bandwidth_gbps=300",

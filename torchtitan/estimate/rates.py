@@ -331,6 +331,16 @@ def power_factor(device: str, power_limit_w: float | None) -> float:
     return min(1.0, power_limit_w / src.tdp_w) ** POWER_EXPONENT
 
 
+def compute_power_w(device: str, power_limit_w: float | None) -> float | None:
+    """The power limit the compute rates stand for: the part's own below its source's TDP, else that TDP (nothing
+    is added above it); None where no GEMM source exists (a CPU: measured rates)."""
+    try:
+        tdp = gemm_source(device)[0].tdp_w
+    except KeyError:
+        return None
+    return tdp if power_limit_w is None else min(power_limit_w, tdp)
+
+
 # A CPU has no datasheet peak: its "peak" is this machine's measured matmul rate (the estimator's calibration, or
 # --estimate.peak_tflops from one), already a sustained rate, so nothing discounts it (and no shape factor: the
 # calibration times the run's own shapes).

@@ -12,7 +12,9 @@ def training_report(r: dict) -> str:
     lines = [
         f"model      {m['name']} {m['flavor']}: {m['params']:,} parameters ({m['flop_params']:,} in matmuls)",
         f"hardware   {hw['num_devices']} x {hw['name']} ({hw['source']}; {hw['bf16_tflops']:.0f} TFLOPS bf16,"
-        f" {hw['memory_gib']:.1f} GiB, {hw['hbm_gbps']:.0f} GB/s; {hw['devices_per_node']} per node)"
+        f" {hw['memory_gib']:.1f} GiB, {hw['hbm_gbps']:.0f} GB/s; {hw['devices_per_node']} per node"
+        + (f"; compute at {hw['compute_power_w']:.0f} W" if hw.get("compute_power_w") else "")
+        + ")"
         + (" [calibrated]" if hw["calibrated"] else ""),
         f"layout     dp_replicate {lay['dp_replicate']} x dp_shard {lay['dp_shard']} x cp {lay['cp']} x tp {lay['tp']}"
         f" x pp {lay['pp']}"

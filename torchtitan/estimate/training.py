@@ -7,6 +7,7 @@ import copy
 from torchtitan.metrics.hardware import PeakFlops
 from torchtitan.metrics.processor import throughput_metrics
 
+from . import rates
 from .efficiency import DEFAULT, Efficiency
 from .memory import training_memory
 from .plan import Calibration, Plan, build_plan
@@ -73,6 +74,10 @@ def estimate_plan(plan: Plan) -> dict:
             "hbm_gbps": plan.hw.hbm_gbps,
             "intra_node_gbps": plan.hw.intra_node_gbps,
             "inter_node_gbps": plan.hw.inter_node_gbps,
+            # the power limit the table's compute rates stand for (None: measured rates, a calibration's or a CPU's)
+            "compute_power_w": None
+            if plan.calibration is not None
+            else rates.compute_power_w(plan.hw.name, plan.hw.power_limit_w),
             "calibrated": plan.calibration is not None,
         },
         "layout": {
