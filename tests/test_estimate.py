@@ -451,6 +451,32 @@ def test_report_says_which_power_the_compute_rates_stand_for():
     assert rates.compute_power_w("CPU", None) is None
 
 
+def test_a_name_stating_another_memory_is_planned_only_with_its_memory_and_bandwidth():
+    """Leonardo's A100s are "NVIDIA A100-SXM-64GB": the A100's peak (MFU is right), not its 80 GB or 2,039 GB/s. A
+    plan by that name is refused until the memory and bandwidth are given; a 40 GB A100 has its own entry, and a
+    GH200's name states its CPU's LPDDR5X, not checked."""
+    from torchtitan.errors import UserError
+    from torchtitan.metrics.hardware import stated_memory_gb
+
+    stated = {
+        "NVIDIA A100-SXM4-40GB": 40,
+        "gh200-144gb": 144,
+        "NVIDIA GH200 480GB": None,
+        "NVIDIA B200": None,
+    }
+    assert {name: stated_memory_gb(name) for name in stated} == stated
+    with pytest.raises(UserError, match="states 64 GB.*estimate.memory_gib.*hbm_bandwidth_gbps"):
+        resolve_hardware(parse_args(["--estimate.hardware=NVIDIA A100-SXM-64GB"]).estimate)
+    given = ["--estimate.memory_gib=63.4", "--estimate.hbm_bandwidth_gbps=1640"]
+    hw = resolve_hardware(parse_args(["--estimate.hardware=NVIDIA A100-SXM-64GB", *given]).estimate)
+    assert (hw.name, hw.memory_gib, hw.hbm_gbps) == ("A100", 63.4, 1640)
+    for name, key in (("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("NVIDIA H100 80GB HBM3", "H100 SXM")):
+        assert resolve_hardware(parse_args([f"--estimate.hardware={name}"]).estimate).name == key
+    assert (
+        resolve_hardware(parse_args(["--estimate.hardware=NVIDIA GH200 120GB"]).estimate).memory_gib == 96.0
+    )
+
+
 def test_every_hardware_field_is_overridable():
     cfg = parse_args(["--estimate.hardware=h100-sxm", "--estimate.peak_tflops=800", "--estimate.memory_gib=89.4",
                       "--estimate.hbm_bandwidth_gbps=2400", "--estimate.intra_node_bandwidth_gbps=300",

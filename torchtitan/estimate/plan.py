@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from torchtitan.errors import UserError
-from torchtitan.metrics.hardware import DeviceSpec, device_spec
+from torchtitan.metrics.hardware import DeviceSpec, device_spec, stated_memory_gb
 from torchtitan.models import model_args_from_config
 from torchtitan.models.llama3 import ModelArgs
 from torchtitan.parallel.compile import compiles_loss
@@ -106,6 +106,18 @@ def resolve_hardware(est, calibration: Calibration | None = None, require_rates:
 
     require_rates=False leaves unknown rates as NaN (enough for memory, and for planning the calibration)."""
     spec: DeviceSpec = device_spec(est.hardware)
+    stated = stated_memory_gb(est.hardware)
+    if (
+        stated
+        and abs(stated / spec.memory_gib - 1) > 0.05
+        and None in (est.memory_gib, est.hbm_bandwidth_gbps)
+    ):
+        # the same peak for MFU (Leonardo's "NVIDIA A100-SXM-64GB"), but not the table's memory and bandwidth
+        raise UserError(
+            f"estimate.hardware={est.hardware!r} states {stated} GB, the table's {spec.name} has"
+            f" {spec.memory_gib:g} GB: plan it with --estimate.memory_gib=<the GiB torch reports> and"
+            " --estimate.hbm_bandwidth_gbps=<its memory bandwidth>"
+        )
     cal = calibration or Calibration()
     is_cpu = spec.name == "CPU"
     bf16 = _pick(est.peak_tflops, spec.bf16_tflops, "peak_tflops")

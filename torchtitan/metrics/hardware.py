@@ -220,11 +220,20 @@ def device_spec(name: str) -> DeviceSpec:
     if key is None:
         valid = ", ".join(_slug(k) for k in {**DEVICE_SPECS, **ESTIMATOR_SPECS})
         raise UserError(f"unknown hardware {name!r}: valid names are {valid}")
-    if key == "A100" and re.search(r"40 ?gb", name.lower()):
+    if key == "A100" and stated_memory_gb(name) == 40:
         # one peak for MFU, but a 40 GB A100 ("NVIDIA A100-SXM4-40GB", "A100-PCIE-40GB") has half the memory and
         # 1,555 GB/s: the estimator and generation_latency plan for the part the name says
         return ESTIMATOR_SPECS["A100 40GB"]
     return DEVICE_SPECS[key]
+
+
+def stated_memory_gb(name: str) -> int | None:
+    """The device memory a name states ("NVIDIA A100-SXM4-40GB": 40; "gh200-144gb": 144), or None. A GH200's real
+    name states its CPU's LPDDR5X ("NVIDIA GH200 480GB", "120GB"), not the GPU's memory: None."""
+    stated = re.search(r"(\d+) ?gb", name.lower())
+    if stated is None or match_device(name) == "GH200":
+        return None
+    return int(stated.group(1))
 
 
 @dataclass
