@@ -428,6 +428,12 @@ def test_gh200_runs_the_h100_die_on_a_four_gpu_mesh_node():
     assert abs(across / 22.86e9 - 1) < 0.10
     assert collectives.node_channels("GH200") == collectives.node_channels("H100 SXM")
     assert rates.attention_backend("GH200 144GB") == "cudnn" and accuracy.family("GH200") == "Hopper"
+    # its accuracy line is the Hopper rows', and says that none of them ran on a GH200
+    gh200 = accuracy.accuracy_of(estimate(*EIGHT_B, "--estimate.hardware=gh200"))
+    assert gh200["tokens/s/device"]["on_this_part"] == 0
+    assert "(Hopper, data parallel; none on the GH200)" in accuracy.report_lines(gh200)[0]
+    h100 = accuracy.accuracy_of(estimate(*EIGHT_B))["tokens/s/device"]
+    assert h100["on_this_part"] > 0 and h100["figures"] == gh200["tokens/s/device"]["figures"]
 
 
 def test_report_says_which_power_the_compute_rates_stand_for():

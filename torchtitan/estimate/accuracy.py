@@ -61,11 +61,14 @@ def family(device: str) -> str:
     return next((f for f, names in FAMILIES.items() if part in names), device)
 
 
-def comparable(rows: list[dict], fam: str, kind: str, what: str, ratio: float | None = None) -> dict | None:
+def comparable(
+    rows: list[dict], fam: str, kind: str, what: str, ratio: float | None = None, device: str | None = None
+) -> dict | None:
     """Errors of the table rows of quantity `what` closest to (device family `fam`, layout kind), and their scope.
     `ratio` (this plan's estimated peak / the device's memory less the CUDA context): also count the rows whose
     error, applied to this plan (actual = estimate / (1 + error)), would turn its fits verdict over
-    (`verdict_flipped_by`)."""
+    (`verdict_flipped_by`). `device`: also count the rows that ran on that very part (`on_this_part`; 0 for a part
+    known only through its family, as a silicon twin)."""
     rows = [r for r in rows if r["what"] == what and "device" in r]
     for scope, keep in (
         (f"{fam}, {kind}", lambda r: family(r["device"]) == fam and r["layout"] == kind),
@@ -81,6 +84,11 @@ def comparable(rows: list[dict], fam: str, kind: str, what: str, ratio: float | 
             if len(errors) >= RANGE_FIGURES:
                 deciles = statistics.quantiles(errors, n=10, method="inclusive")
                 out["p10_error"], out["p90_error"] = deciles[0], deciles[-1]
+            if device is not None:
+                out["part"], out["on_this_part"] = (
+                    device,
+                    sum(1 for r in rows if keep(r) and r["device"] == device),
+                )
             if ratio is not None:  # actual > capacity <=> 1 + error < ratio
                 out["verdict_flipped_by"] = sum((1 + e < ratio) == (ratio <= 1) for e in errors)
             return out
@@ -115,7 +123,12 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
     )
     found = {
         what: comparable(
-            rows, family(case["device"]), case["layout"], what, ratio if what == "memory GiB" else None
+            rows,
+            family(case["device"]),
+            case["layout"],
+            what,
+            ratio if what == "memory GiB" else None,
+            case["device"],
         )
         for what in whats
     }
@@ -173,7 +186,9 @@ def report_lines(acc: dict) -> list[str]:
             f"{what}, anchored: on {n} pair{'s' if n > 1 else ''} of published runs of {alike[a['anchored']]}, each"
             f" estimated as anchored on the other ({a['scope']})"
             if a.get("anchored")
-            else f"{what}: on {n} published run{'s' if n > 1 else ''} ({a['scope']})"
+            else f"{what}: on {n} published run{'s' if n > 1 else ''} ({a['scope']}"
+            + (f"; none on the {a['part']}" if a.get("on_this_part") == 0 else "")
+            + ")"
         )
         lines.append(
             f"{'accuracy' if not lines else '':<10} {on} estimate / published - 1 = {spread};"
