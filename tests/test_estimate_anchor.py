@@ -186,6 +186,8 @@ def test_the_accuracy_line_is_the_anchored_pairs(tmp_path, capsys):
         ),
         (["--estimate.mode=inference"], None, "leave it out for inference"),
         (["--estimate.hardware=b200"], "H100 SXM", "the run ran on H100 SXM, the plan is for B200"),
+        # the other memory of the same die: its header names it, so it is not the planned part
+        (["--estimate.hardware=gh200-144gb"], "GH200", "the run ran on GH200, the plan is for GH200 144GB"),
         (["--estimate.hardware=cpu"], "cpu", "estimate.anchor is for GPU plans"),
         ([], "missing", "not a folder"),
         ([], "no metrics", "no metrics.jsonl"),
@@ -197,12 +199,20 @@ def test_refusals_are_one_line(tmp_path, capsys, extra, setup, message):
         folder = tmp_path / "nothing"
     else:
         folder = run_folder(tmp_path, [1.0] if setup == "warm-up only" else [1.0, 5000.0],
-                            part=setup if setup in ("H100 SXM", "cpu") else "H100 SXM")  # fmt: skip
+                            part=setup if setup in ("H100 SXM", "GH200", "cpu") else "H100 SXM")  # fmt: skip
         if setup == "no metrics":
             (folder / "metrics.jsonl").unlink()
     assert main([*PLAN, f"--estimate.anchor={folder}", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_40gb_a100_plan_takes_a_run_whose_header_names_the_a100(tmp_path):
+    """The run header names the MFU table's part, and a 40 GB A100's is "A100" (one peak for both): a plan for
+    `a100-40gb` takes that run (a GH200 run is refused for a GH200 144GB plan: test_refusals_are_one_line)."""
+    folder = run_folder(tmp_path, [1.0, 5000.0], part="A100")
+    got = estimate([*PLAN, "--estimate.hardware=a100-40gb", f"--estimate.anchor={folder}"])
+    assert got["hardware"]["name"] == "A100 40GB" and got["anchor"]["device"] == "A100"
 
 
 def test_a_run_whose_log_does_not_name_its_device_is_taken_as_planned(tmp_path):

@@ -217,7 +217,7 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
     cfg.estimate.anchor, in place: the step time's `anchor_correction`, the derived figures, and the JSON
     entries `anchor` and `unanchored`."""
     from torchtitan.config import parse_args, validate
-    from torchtitan.metrics.hardware import device_spec
+    from torchtitan.metrics.hardware import ESTIMATOR_SPECS, device_spec
 
     from .plan import build_plan
     from .training import estimate_plan
@@ -226,7 +226,12 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
     check_plan(est)
     run = read_anchor(est.anchor)
     planned = device_spec(est.hardware)
-    if run.device is not None and not planned.name.startswith(device_spec(run.device).name):
+    # the run's header names its MFU table part: exactly the planned part, except a 40 GB A100, whose runs name the
+    # A100 (one peak for both; ESTIMATOR_SPECS holds the planning entries no header names)
+    ran_on = device_spec(run.device).name if run.device is not None else None
+    if ran_on not in (None, planned.name) and not (
+        planned.name in ESTIMATOR_SPECS and planned.name.startswith(ran_on)
+    ):
         raise UserError(
             f"estimate.anchor {est.anchor}: the run ran on {run.device}, the plan is for {planned.name};"
             " anchor on a run of the hardware planned"
