@@ -85,10 +85,8 @@ def comparable(
                 deciles = statistics.quantiles(errors, n=10, method="inclusive")
                 out["p10_error"], out["p90_error"] = deciles[0], deciles[-1]
             if device is not None:
-                out["part"], out["on_this_part"] = (
-                    device,
-                    sum(1 for r in rows if keep(r) and r["device"] == device),
-                )
+                out["part"] = device
+                out["on_this_part"] = sum(1 for r in rows if keep(r) and r["device"] == device)
             if ratio is not None:  # actual > capacity <=> 1 + error < ratio
                 out["verdict_flipped_by"] = sum((1 + e < ratio) == (ratio <= 1) for e in errors)
             return out

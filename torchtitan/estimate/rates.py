@@ -324,13 +324,6 @@ def gemm_source(device: str) -> tuple[GemmSource, str]:
     raise KeyError(device)
 
 
-def power_factor(device: str, power_limit_w: float | None) -> float:
-    if power_limit_w is None:
-        return 1.0
-    src, _ = gemm_source(device)
-    return min(1.0, power_limit_w / src.tdp_w) ** POWER_EXPONENT
-
-
 def compute_power_w(device: str, power_limit_w: float | None) -> float | None:
     """The power limit the compute rates stand for: the part's own below its source's TDP, else that TDP (nothing
     is added above it); None where no GEMM source exists (a CPU: measured rates)."""
@@ -339,6 +332,14 @@ def compute_power_w(device: str, power_limit_w: float | None) -> float | None:
     except KeyError:
         return None
     return tdp if power_limit_w is None else min(power_limit_w, tdp)
+
+
+def power_factor(device: str, power_limit_w: float | None) -> float:
+    """The compute rates' factor at `compute_power_w`, the limit the report names."""
+    if power_limit_w is None:
+        return 1.0
+    tdp = gemm_source(device)[0].tdp_w  # KeyError for a part without a GEMM source, as before
+    return (compute_power_w(device, power_limit_w) / tdp) ** POWER_EXPONENT
 
 
 # A CPU has no datasheet peak: its "peak" is this machine's measured matmul rate (the estimator's calibration, or
