@@ -65,7 +65,7 @@ def by_kind_table(rows: list[dict]) -> list[str]:
     """The error bars the estimator prints with an estimate (torchtitan/estimate/accuracy.py), for every device
     family and layout kind that has rows."""
     out = [
-        "| quantity | family | layout kind | figures | estimate / published - 1 | middle 80 % | median | within goal |",
+        "| quantity | family | layout kind | figures | estimate / published - 1 | 80 % interval | median | within goal |",
         "| --- | --- | --- | ---: | --- | --- | ---: | ---: |",
     ]
     for what, fam, kind in sorted(
@@ -81,8 +81,9 @@ def by_kind_table(rows: list[dict]) -> list[str]:
 
 
 def held_out_table(rows: list[dict]) -> list[str]:
-    """Per quantity: how often the range an estimate prints (the middle 80 % of its comparable rows' errors), made
-    from the other sources' rows only, held a published figure (accuracy.held_out_coverage)."""
+    """Per quantity: how often the range an estimate prints (the 80 % interval of its comparable rows' errors,
+    accuracy.interval_80), made from the other sources' rows only, held a published figure
+    (accuracy.held_out_coverage)."""
     out = [
         "| quantity | figures with a range | inside it | median width (high / low - 1) |",
         "| --- | ---: | ---: | ---: |",

@@ -138,35 +138,63 @@ def test_the_fits_verdict_counts_the_comparable_errors_that_would_turn_it_over()
     assert "would not fit" in lines[-1]
 
 
-def test_the_middle_80_percent_of_the_errors_puts_the_estimate_in_a_range():
-    """With at least RANGE_FIGURES comparable rows, their 10th and 90th percentile errors (linear interpolation
-    between order statistics), and where they put the estimate's own figure: actual = estimate / (1 + error), so the
-    row estimated 30 % high says tokens/s could be 1 / 1.3 of the estimate; device-hours and days scale the other way.
-    With fewer rows, no range."""
+def test_an_80_percent_interval_of_the_errors_puts_the_estimate_in_a_range():
+    """With at least RANGE_FIGURES comparable rows, the split-conformal 80 % interval of their errors (the
+    floor(0.1 (n + 1))-th and ceil(0.9 (n + 1))-th smallest), and where it puts the estimate's own figure: actual =
+    estimate / (1 + error), so the row estimated 30 % high says tokens/s could be 1 / 1.3 of the estimate;
+    device-hours and days scale the other way. With fewer rows, no range."""
     from torchtitan.estimate import accuracy
 
     errors = [-0.10, -0.05, 0.0, 0.02, 0.04, 0.05, 0.06, 0.08, 0.10, 0.30]  # 10 rows
     rows = [dict(what="tokens/s/device", device="H100 SXM", layout="data parallel", error=e, goal=0.15)
             for e in errors]  # fmt: skip
     a = accuracy.comparable(rows, "Hopper", "data parallel", "tokens/s/device")
-    # inclusive deciles of 10 values: position 0.9 and 8.1 of 0..9
-    assert a["p10_error"] == pytest.approx(-0.10 + 0.9 * 0.05)
-    assert a["p90_error"] == pytest.approx(0.10 + 0.1 * 0.20)
+    # 10 rows: the 1st and the 10th smallest (floor(1.1), ceil(9.9))
+    assert (a["p10_error"], a["p90_error"]) == (-0.10, 0.30)
+    # 20 rows: the 2nd and the 19th (floor(2.1), ceil(18.9)); 30 rows: the 3rd and the 28th (floor(3.1), ceil(27.9))
+    assert accuracy.interval_80(list(range(20, 0, -1))) == (2, 19)
+    assert accuracy.interval_80(list(range(1, 31))) == (3, 28)
     estimate = {"tokens_per_sec_per_device": 1000.0, "gpu_hours": 500.0, "days": 2.0}
     accuracy._expected(estimate, "tokens/s/device", a)
-    assert a["expected"] == pytest.approx([1000 / 1.12, 1000 / 0.945])
-    assert a["expected_gpu_hours"] == pytest.approx([500 * 0.945, 500 * 1.12])
-    assert a["expected_days"] == pytest.approx([2 * 0.945, 2 * 1.12])
+    assert a["expected"] == pytest.approx([1000 / 1.3, 1000 / 0.9])
+    assert a["expected_gpu_hours"] == pytest.approx([500 * 0.9, 500 * 1.3])
+    assert a["expected_days"] == pytest.approx([2 * 0.9, 2 * 1.3])
     lines = accuracy.report_lines({"tokens/s/device": a})
     assert (
-        "middle 80 % of those errors (-5.5 .. +12.0 %) would put this plan at 893 .. 1,058 tokens/s"
+        "an 80 % interval of those errors (-10.0 .. +30.0 %) would put this plan at 769 .. 1,111 tokens/s"
         in lines[1]
     )
-    assert "the run at 472 .. 560 device-hours, 1.9 .. 2.2 days" in lines[1]
+    assert "the run at 450 .. 650 device-hours, 1.8 .. 2.6 days" in lines[1]
     few = accuracy.comparable(rows[:9], "Hopper", "data parallel", "tokens/s/device")
     assert "p10_error" not in few
     accuracy._expected(estimate, "tokens/s/device", few)
     assert "expected" not in few and len(accuracy.report_lines({"tokens/s/device": few})) == 1
+
+
+def test_the_80_percent_interval_holds_a_new_exchangeable_error_at_least_80_percent_of_the_time():
+    """The guarantee interval_80 is chosen for: n errors and one more drawn alike (here 10,000 draws of n + 1 from one
+    skewed distribution), the interval of the n holds the new one at least 80 % of the time for every n from
+    RANGE_FIGURES on; the 10th to 90th percentiles of the same n (statistics.quantiles, inclusive) hold it less often
+    for small n, about 0.8 (n - 1) / (n + 1)."""
+    import random
+
+    from torchtitan.estimate import accuracy
+
+    rng = random.Random(0)
+    for n in (10, 14, 25, 60):
+        conformal = deciles = 0
+        trials = 10_000
+        for _ in range(trials):
+            draws = [rng.lognormvariate(0.0, 0.5) - 1.0 for _ in range(n + 1)]
+            past, new = draws[:n], draws[n]
+            lo, hi = accuracy.interval_80(past)
+            conformal += lo <= new <= hi
+            d = statistics.quantiles(past, n=10, method="inclusive")
+            deciles += d[0] <= new <= d[-1]
+        exact = (math.ceil(0.9 * (n + 1)) - math.floor(0.1 * (n + 1))) / (n + 1)
+        # 10,000 draws: a standard error of 0.004 on each rate
+        assert conformal / trials == pytest.approx(exact, abs=0.015) and exact >= 0.8, n
+        assert deciles / trials == pytest.approx(0.8 * (n - 1) / (n + 1), abs=0.015), n
 
 
 def test_held_out_coverage_builds_each_rows_range_from_the_other_sources():
@@ -178,15 +206,15 @@ def test_held_out_coverage_builds_each_rows_range_from_the_other_sources():
         return dict(what="memory GiB", device="H200", layout="data parallel", error=error, goal=0.10,
                     source=source)  # fmt: skip
 
-    a = [row("a", e / 100) for e in range(10)]  # 0 .. 9 %: deciles 0.9 % and 8.1 %
-    b = [row("b", e / 100) for e in (-5, 1, 2, 3, 4, 5, 6, 7, 8, 20)]  # deciles 0.4 % and 9.2 %
+    a = [row("a", e / 100) for e in range(10)]  # 0 .. 9 %: 10 rows, the interval is [0 %, 9 %]
+    b = [row("b", e / 100) for e in (-5, 1, 2, 3, 4, 5, 6, 7, 8, 20)]  # [-5 %, 20 %]
     got = accuracy.held_out_coverage([*a, *b])["memory GiB"]
-    # a's rows against b's range [0.4 %, 9.2 %]: 1 .. 9 %, 9 inside; b's against a's [0.9 %, 8.1 %]: 1 .. 8 %, 8
-    assert (got["figures"], got["inside"]) == (20, 17)
-    widths = [1.092 / 1.004 - 1] * 10 + [1.081 / 1.009 - 1] * 10
+    # a's rows against b's interval: 0 .. 9 %, all 10 inside; b's against a's: 1 .. 8 %, 8 (-5 and 20 % outside)
+    assert (got["figures"], got["inside"]) == (20, 18)
+    widths = [1.20 / 0.95 - 1] * 10 + [1.09 / 1.00 - 1] * 10
     assert got["median_width"] == pytest.approx(statistics.median(widths))
     assert accuracy.held_out_coverage([*a, *b[:9]]) == {
-        "memory GiB": {"figures": 9, "inside": 8, "median_width": pytest.approx(1.081 / 1.009 - 1)}
+        "memory GiB": {"figures": 9, "inside": 8, "median_width": pytest.approx(1.09 / 1.00 - 1)}
     }
 
 

@@ -427,7 +427,7 @@ class Estimate:
         True,
         "also report how far the estimates of comparable published runs (same device family and layout kind, from"
         " the validation table; it says when none ran on the planned part itself) were from their figures, the range"
-        " the middle 80 % of those errors puts this plan's figures in, and how many of those errors would turn the"
+        " an 80 % interval of those errors puts this plan's figures in, and how many of those errors would turn the"
         " plan's FITS over (a search: for each layout shown, the 'at risk' column); about a second",
     )
     search: bool = opt(

@@ -16,10 +16,11 @@ per estimate (training and inference; a search: its best layout), not to each la
 Inference estimates are compared on the decode rows (gpt-fast's and torchao's tables), whose layout kind is one
 device or tensor parallel.
 
-Where at least RANGE_FIGURES rows are comparable, the middle 80 % of their errors (10th to 90th percentile) is turned
-into a range for the estimate's own figure (actual = estimate / (1 + error)): tokens/s, peak memory, decode tokens/s
-or step time, and with a token budget the device-hours and days. `held_out_coverage` checks how often such a range,
-made from the other sources' rows, held a published figure (docs/estimate.md, "Error bars held out").
+Where at least RANGE_FIGURES rows are comparable, an 80 % interval of their errors (`interval_80`: split conformal
+prediction's order statistics, which hold a new run's error at least 80 % of the time when runs are exchangeable) is
+turned into a range for the estimate's own figure (actual = estimate / (1 + error)): tokens/s, peak memory, decode
+tokens/s or step time, and with a token budget the device-hours and days. `held_out_coverage` checks how often such a
+range, made from the other sources' rows, held a published figure (docs/estimate.md, "Error bars held out").
 
 The same errors say how sure a training plan's FITS / DOES NOT FIT is: a comparable published peak whose estimate
 was low by more than this plan's headroom (estimate / (device memory - the CUDA context) - 1, the fits check's)
@@ -31,6 +32,7 @@ estimated 90.76 GiB of 94.04 usable, FITS by 3.5 %).
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from . import rates, validation
@@ -51,9 +53,22 @@ ESTIMATE_KEYS = {"tokens/s/device": ("tokens_per_sec_per_device", "tokens/s per 
                  "memory GiB": ("memory_gib", "GiB"),
                  validation.DECODE_QUANTITY: ("decode_tokens_per_sec", "tokens/s while decoding"),
                  "step time s": ("step_time_s", "s a step"), "max RSS GiB": ("memory_gib", "GiB")}  # fmt: skip
-# The range an estimate prints is the middle 80 % of the comparable rows' errors (their 10th to 90th percentile),
-# printed only where at least this many rows are comparable: with fewer, a tenth of them is not one row.
+# The range an estimate prints is an 80 % interval of the comparable rows' errors (interval_80), printed only where
+# at least this many rows are comparable (the interval's ends are rows from 9 on; with fewer it would be unbounded).
 RANGE_FIGURES = 10
+
+
+def interval_80(errors: list[float]) -> tuple[float, float]:
+    """The 80 % interval of split conformal prediction (Vovk, Gammerman and Shafer, Algorithmic Learning in a Random
+    World, 2005; Lei, G'Sell, Rinaldo, Tibshirani and Wasserman, JASA 113 (2018), 1094-1111): of n errors, the
+    floor(0.1 (n + 1))-th and the ceil(0.9 (n + 1))-th smallest. If a new run's error is exchangeable with these n, its
+    rank among the n + 1 is uniform, so it lies between them with probability (k_high - k_low) / (n + 1) >= 80 %
+    (10 rows: the smallest and the largest, 9 / 11 = 82 %). The 10th and 90th percentiles of the same rows
+    (interpolated between order statistics) hold it about 0.8 (n - 1) / (n + 1) of the time: 65 % for 10 rows.
+    Needs n >= 9."""
+    e = sorted(errors)
+    n = len(e)
+    return e[math.floor(0.1 * (n + 1)) - 1], e[math.ceil(0.9 * (n + 1)) - 1]
 
 
 def family(device: str) -> str:
@@ -82,8 +97,7 @@ def comparable(
                    "min_error": min(errors), "max_error": max(errors),
                    "within_goal": sum(abs(e) <= goal for e in errors), "goal": goal}  # fmt: skip
             if len(errors) >= RANGE_FIGURES:
-                deciles = statistics.quantiles(errors, n=10, method="inclusive")
-                out["p10_error"], out["p90_error"] = deciles[0], deciles[-1]
+                out["p10_error"], out["p90_error"] = interval_80(errors)
             if device is not None:
                 out["part"] = device
                 out["on_this_part"] = sum(1 for r in rows if keep(r) and r["device"] == device)
@@ -151,7 +165,7 @@ def accuracy_of(estimate: dict, rows: list[dict] | None = None) -> dict:
 
 
 def _expected(estimate: dict, what: str, a: dict) -> None:
-    """Where the middle 80 % of the comparable rows' errors would put this estimate's own figure (actual = estimate /
+    """Where the 80 % interval of the comparable rows' errors would put this estimate's own figure (actual = estimate /
     (1 + error)), and, for tokens/s with a token budget, its device-hours and days (which scale as 1 / tokens/s)."""
     if "p10_error" not in a:
         return
@@ -195,7 +209,7 @@ def report_lines(acc: dict) -> list[str]:
         if "expected" in a:
             low, high = a["expected"]
             lines.append(
-                f"{'':<10} the middle 80 % of those errors ({a['p10_error'] * 100:+.1f} .. {a['p90_error'] * 100:+.1f}"
+                f"{'':<10} an 80 % interval of those errors ({a['p10_error'] * 100:+.1f} .. {a['p90_error'] * 100:+.1f}"
                 f" %) would put this plan at {_num(low)} .. {_num(high)} {ESTIMATE_KEYS[what][1]}"
                 + (
                     f"; the run at {_num(a['expected_gpu_hours'][0])} .. {_num(a['expected_gpu_hours'][1])}"
@@ -217,7 +231,7 @@ def report_lines(acc: dict) -> list[str]:
 
 def held_out_coverage(rows: list[dict]) -> dict[str, dict]:
     """How often the range an estimate prints held the published figure of a run it was not made from: for each
-    row, the middle 80 % of the comparable rows' errors from the OTHER sources (as `comparable` picks them for the
+    row, the 80 % interval of the comparable rows' errors from the OTHER sources (as `comparable` picks them for the
     row's device family and layout kind), and whether the row's own error lies within it. Per quantity: `figures`
     (rows with at least RANGE_FIGURES comparable ones), `inside`, and `median_width` (the range's high / low - 1).
     docs/estimate.md, "Error bars held out"."""
