@@ -388,6 +388,43 @@ _AO2304_MEM = (
     " explained"
 )
 
+_BAISYA_3D = (
+    "Baisya's torchtitan sweep on 8 GB200 (Llama 3.1 8B; out of sample, twenty-first pass), the FSDP 2 x TP 2 x PP 2"
+    " rows (local batch 32-512, one sequence a micro-batch, 1F1B, compiled, per-op SAC assumed): +41.0 % at 32 x"
+    " 4096, +32.6 % at 32 x 8192, +28.3 .. +32.3 % at 64-512 x 16384. The same table's PP 4 x FSDP 2 rows are"
+    " estimated +10.4 .. +14.2 % and its TP 2 x FSDP 4 row +9.1 %: each dimension alone is priced, their combination"
+    " is not. The published 3D steps (12,331-12,854 tokens/s at 16,384) are no faster than PP 4's (12,755-13,520)"
+    " where the estimate makes them 7 % faster; the time the estimate lacks grows with the tokens (about 24 ms a"
+    " 4,096-token micro-batch, 80 ms a 16,384-token one, over 16 blocks forward and backward), so it is a rate, not a"
+    " per-micro-batch cost. Which torch ran is not stated: not explained"
+)
+_BAISYA_CP_MEM = (
+    "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), FSDP 2 x TP 2 x CP 2 (allgather and"
+    " per-op SAC assumed): published 50 % / 97 % / 97 % of the device (92.0 / 178.5 / 178.5 GiB) at 32 x 2048, 32 x"
+    " 4096 and 64 x 2048, estimated 62.5 / 106.8 / 106.8 GiB (-32.1 / -40.2 / -40.2 %); their tokens/s fit (-14.8 /"
+    " +1.1 / -14.7 %). At 32 x 4096 each rank holds the tokens of the TP 2 x FSDP 4 row at 32 x 2048 (65,536), whose"
+    " published 123.3 GiB the estimate puts at 106.8 too (-13.4 %): CP adds 55 GiB in the run and nothing in the"
+    " estimate. A candidate, not priced: the K and V that the all-gather rotation gathers to the whole sequence, and"
+    " that torchtitan repeats to the query heads (repeat_kv) before SDPA, are the attention's inputs kept for backward"
+    " (16 heads a TP rank: about 34 GB over 32 blocks at 32 x 4096, against 17 GB without CP); two of the three rows"
+    " are at 97 %, where the caching allocator's reserve is bounded by the device: not explained"
+)
+_BAISYA_TP_MEM = (
+    "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), TP 2 x FSDP 4 at 32 x 2048, compiled,"
+    " per-op SAC assumed: published 67 % of the device (123.3 GiB), estimated 106.8 (-13.4 %); its tokens/s fit (+9.1"
+    " %). The same table's FSDP 8 and HSDP rows are estimated high (+2.9 .. +10.8 %); what TP 2 holds more of than"
+    " the estimate (sequence-parallel norms' and the loss-parallel logits' buffers are priced) is not published: not"
+    " explained"
+)
+_BAISYA_HSDP_MEM = (
+    "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), HSDP 4 x 2 at 32 x 2048, compiled,"
+    " per-op SAC assumed: published 95 % of the device (174.8 GiB), estimated 193.6 (+10.8 %), so the estimate says"
+    " it does not fit where it ran. The same table's other FSDP 8 and HSDP rows are estimated +2.9 .. +9.7 %, all"
+    " high, the compiled ones +7.5 .. +7.8 %: the estimate's activations of compiled per-op SAC at 2,048 tokens a"
+    " sequence are high for this run by about as much as the goal's margin; at 95 % the reserve may also be what the"
+    " allocator could take, not what the run needed: not explained"
+)
+
 OUTSIDE: dict[tuple[str, str], str] = {
     ("h200_1b_single_compile_full_ac", "memory GiB"): _SINGLE_FULL_AC,
     ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
@@ -468,6 +505,16 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"h100_8b_fsdp8_b1_sac_op_compile_{r}_ao2304", "memory GiB"): _AO2304_MEM
         for r in ("bf16", "rowwise", "tensorwise")
     },
+    **{
+        (f"gb200_8b_fsdp2_tp2_pp2_b{b}_s{s}_sac_op_compile_baisya", "tokens/s/device"): _BAISYA_3D
+        for b, s in ((32, 4096), (32, 8192), (64, 16384), (128, 16384), (256, 16384), (512, 16384))
+    },
+    **{
+        (f"gb200_8b_fsdp2_tp2_cp2_b{b}_s{s}_sac_op_compile_baisya", "memory GiB"): _BAISYA_CP_MEM
+        for b, s in ((32, 2048), (32, 4096), (64, 2048))
+    },
+    ("gb200_8b_fsdp4_tp2_b32_s2048_sac_op_compile_baisya", "memory GiB"): _BAISYA_TP_MEM,
+    ("gb200_8b_hsdp2x4_b32_s2048_sac_op_compile_baisya", "memory GiB"): _BAISYA_HSDP_MEM,
 }
 
 
@@ -696,10 +743,26 @@ def test_async_tp_derivation_is_consistent_across_batches():
     assert max(bwd["full"]) - min(bwd["full"]) < 0.05
 
 
-def test_every_measured_run_fits():
-    for row in REF["training"]:
-        if "memory_gib" in row:
-            assert training_estimate(REF, row)["fits"], row["id"]
+# Runs that ran (a published or measured peak) which the estimate says do not fit, with the reason.
+FITS_OUTSIDE = {"gb200_8b_hsdp2x4_b32_s2048_sac_op_compile_baisya": _BAISYA_HSDP_MEM}
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(
+            row,
+            id=row["id"],
+            marks=[pytest.mark.xfail(strict=True, reason=FITS_OUTSIDE[row["id"]])]
+            if row["id"] in FITS_OUTSIDE
+            else [],
+        )
+        for row in REF["training"]
+        if "memory_gib" in row
+    ],
+)
+def test_every_measured_run_fits(row):
+    assert training_estimate(REF, row)["fits"], row["id"]
 
 
 # Published out-of-memory facts (the reference file's [[oom]] rows) the estimate still says fit, with the reason.
