@@ -404,10 +404,11 @@ _BAISYA_CP_MEM = (
     " 4096 and 64 x 2048, estimated 62.5 / 106.8 / 106.8 GiB (-32.1 / -40.2 / -40.2 %); their tokens/s fit (-14.8 /"
     " +1.1 / -14.7 %). At 32 x 4096 each rank holds the tokens of the TP 2 x FSDP 4 row at 32 x 2048 (65,536), whose"
     " published 123.3 GiB the estimate puts at 106.8 too (-13.4 %): CP adds 55 GiB in the run and nothing in the"
-    " estimate. A candidate, not priced: the K and V that the all-gather rotation gathers to the whole sequence, and"
-    " that torchtitan repeats to the query heads (repeat_kv) before SDPA, are the attention's inputs kept for backward"
-    " (16 heads a TP rank: about 34 GB over 32 blocks at 32 x 4096, against 17 GB without CP); two of the three rows"
-    " are at 97 %, where the caching allocator's reserve is bounded by the device: not explained"
+    " estimate. The K and V that CP's all-gather rotation gathers to the whole sequence, repeated to the query heads"
+    " by torchtitan's repeat_kv (16 heads a TP rank: about 34 GB over 32 blocks at 32 x 4096), would be of that size"
+    " if kept for backward, but per-op SAC recomputes both ops' outputs; whether torch's ring attention keeps them"
+    " inside its own autograd function was not checked. Two of the three rows are at 97 %, where the caching"
+    " allocator's reserve is bounded by the device: not explained"
 )
 _BAISYA_TP_MEM = (
     "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), TP 2 x FSDP 4 at 32 x 2048, compiled,"
