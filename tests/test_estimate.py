@@ -154,6 +154,9 @@ def test_an_80_percent_interval_of_the_errors_puts_the_estimate_in_a_range():
     # 20 rows: the 2nd and the 19th (floor(2.1), ceil(18.9)); 30 rows: the 3rd and the 28th (floor(3.1), ceil(27.9))
     assert accuracy.interval_80(list(range(20, 0, -1))) == (2, 19)
     assert accuracy.interval_80(list(range(1, 31))) == (3, 28)
+    assert accuracy.interval_80(list(range(9))) == (0, 8)  # 9 rows: floor(1.0), ceil(9.0)
+    with pytest.raises(ValueError, match="at least 9 errors, got 8"):
+        accuracy.interval_80(list(range(8)))
     estimate = {"tokens_per_sec_per_device": 1000.0, "gpu_hours": 500.0, "days": 2.0}
     accuracy._expected(estimate, "tokens/s/device", a)
     assert a["expected"] == pytest.approx([1000 / 1.3, 1000 / 0.9])

@@ -68,6 +68,8 @@ def interval_80(errors: list[float]) -> tuple[float, float]:
     Needs n >= 9."""
     e = sorted(errors)
     n = len(e)
+    if n < 9:  # floor(0.1 (n + 1)) would be 0: no lower end
+        raise ValueError(f"an 80 % interval needs at least 9 errors, got {n}")
     return e[math.floor(0.1 * (n + 1)) - 1], e[math.ceil(0.9 * (n + 1)) - 1]
 
 
