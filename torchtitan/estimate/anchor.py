@@ -3,14 +3,14 @@
 What the published runs say (docs/estimate.md, "Anchoring on a measured run"): the estimate's tokens/s error is
 mostly a level that each source (one cluster, one software date) shares, not noise from run to run. Scaling an
 estimate by the measured / estimated tokens/s of another published run of the same source, device, model, compile
-mode and layout kind brings the median error of 366 such pairs from 7.04 % to 3.19 %; across other differences it
-helps less and loses figures from the goal (1,102 pairs of any two runs of one source and device: 6.28 % -> 5.61 %,
-948 -> 911 within 15 %). The peak memory beyond the training state (weights, gradients, optimizer states: byte
+mode and layout kind brings the median error of 476 such pairs from 8.91 % to 3.65 %; across other differences it
+helps less and loses figures from the goal (1,524 pairs of any two runs of one source and device: 8.47 % -> 6.49 %,
+1,249 -> 1,134 within 15 %). The peak memory beyond the training state (weights, gradients, optimizer states: byte
 counts, kept) is scaled by the anchor's measured / estimated part beyond its own state, only when the anchor also
-shares the plan's activation checkpointing and is not a pipeline run: on the 102 published pairs of that kind the
-median error goes from 1.19 % to 0.45 % (87 -> 99 within 10 %), no run that ran is then said not to fit, and
+shares the plan's activation checkpointing and is not a pipeline run: on the 122 published pairs of that kind the
+median error goes from 1.73 % to 0.59 % (98 -> 119 within 10 %), no run that ran is then said not to fit, and
 torchtitan#533's batch 6 ("the max local batch size is 5"; estimated to fit by 3.5 %) does not fit once anchored on
-its batch-5 run. Across other differences scaling memory hurt (1.28 % -> 2.03 % on any two runs), so the report
+its batch-5 run. Across other differences scaling memory hurt (1.81 % -> 2.64 % on any two runs), so the report
 then gives the anchor's measured and estimated peaks and says why memory is not anchored.
 
 The run is read from its folder as the trainer writes it: `config.toml` (the effective config), `metrics.jsonl`
