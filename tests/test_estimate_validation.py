@@ -778,6 +778,10 @@ def test_every_measured_run_fits(row):
     assert training_estimate(REF, row)["fits"], row["id"]
 
 
+def test_fits_outside_names_measured_rows():
+    assert set(FITS_OUTSIDE) <= {row["id"] for row in REF["training"] if "memory_gib" in row}
+
+
 # Published out-of-memory facts (the reference file's [[oom]] rows) the estimate still says fit, with the reason.
 OOM_OUTSIDE = {
     "h100_gpt2shape_fsdp4_b6_no_ac_compile_pr533_oom": (
