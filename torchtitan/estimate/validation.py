@@ -133,8 +133,11 @@ def table(
         similar = anchor_kind(r)
         for what, (pub, est, goal) in TRAINING_QUANTITIES.items():
             if pub in row:
+                estimated = r[est]
+                if what == "memory GiB" and "memory_pipeline_rank" in row:  # a pipeline rank's own log line
+                    estimated = r["memory_by_pipeline_rank_gib"][row["memory_pipeline_rank"]]
                 out.append(dict(id=row["id"], source=row["source"], what=what, published=row[pub],
-                                estimated=r[est], goal=goal, **device_and_layout(r), **similar))  # fmt: skip
+                                estimated=estimated, goal=goal, **device_and_layout(r), **similar))  # fmt: skip
                 if what == "memory GiB":  # what an anchor leaves unscaled (memory.scale_peak)
                     out[-1]["state_gib"] = state_gib(r)
     for row in filter(keep, ref["inference"] if wanted(DECODE_QUANTITY) else []):
