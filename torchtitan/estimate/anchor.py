@@ -10,7 +10,7 @@ counts, kept) is scaled by the anchor's measured / estimated part beyond its own
 shares the plan's activation checkpointing and is not a pipeline run: on the 122 published pairs of that kind the
 median error goes from 1.73 % to 0.59 % (98 -> 119 within 10 %), no run that ran is then said not to fit, and
 torchtitan#533's batch 6 ("the max local batch size is 5"; estimated to fit by 3.5 %) does not fit once anchored on
-its batch-5 run. Across other differences scaling memory hurt (1.81 % -> 2.64 % on any two runs), so the report
+its batch-5 run. Across other differences scaling memory hurt (2.52 % -> 5.27 % on any two runs), so the report
 then gives the anchor's measured and estimated peaks and says why memory is not anchored.
 
 The run is read from its folder as the trainer writes it: `config.toml` (the effective config), `metrics.jsonl`
