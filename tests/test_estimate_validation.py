@@ -56,15 +56,15 @@ _SINGLE_FULL_AC = (
     " after the loss buffers are freed: not changed without a GPU memory snapshot (docs/estimate.md)"
 )
 _GPT_FAST_70B_TP2 = (
-    "gpt-fast Llama-3.1-70B bf16 on 2 A100 (out of sample +31.9 %; +30.7 % cross-validated, the per-layer overhead"
-    " fitted without gpt-fast's TP rows, 60 us): the published 16.03 tokens/s is 25 % below"
+    "gpt-fast Llama-3.1-70B bf16 on 2 A100 (out of sample +31.9 %; +31.9 % cross-validated, the per-layer overhead"
+    " fitted without gpt-fast's TP rows, 55 us; +30.7 % at 60 us, before the twenty-second pass's rows joined that fit): the published 16.03 tokens/s is 25 % below"
     " the same table's Llama-2-70B on 2 GPUs (21.32) at nearly the same weight bytes per GPU (~70 of 80 GB), and"
     " its reported bandwidth (1,131 GB/s) is below every other bf16 row of the table (1,182-1,482); the 2-GPU"
-    " Llama-2-70B, the 4- and 8-GPU Llama-3.1-70B rows fit (-0.7 %, -1.4 %, +1.6 % cross-validated): not explained"
+    " Llama-2-70B, the 4- and 8-GPU Llama-3.1-70B rows fit (+0.1 %, +0.1 %, +4.0 % cross-validated): not explained"
 )
 _GPT_FAST_405B = (
     "gpt-fast Llama-3.1-405B int8 on 8 A100 (out of sample +34.2 %; +45.5 % since decode_hbm_int8 is the int8 GEMV's"
-    " measured bandwidth, 0.72, in place of the 0.65 set on gpt-fast's rows; +43.4 % cross-validated): the published 15.60 tokens/s implies"
+    " measured bandwidth, 0.72, in place of the 0.65 set on gpt-fast's rows; +45.5 % cross-validated, +43.4 % at 60 us): the published 15.60 tokens/s implies"
     " 816 GB/s of weights read per GPU against 1,187 in the estimate; the 8-GPU int8 70B rows of the same table fit"
     " (+0.9 %, +6.8 % cross-validated); what costs the 405B run more per byte (its 16384-wide int8 matrices, the 126-layer graph) is"
     " not published: not explained"
