@@ -820,6 +820,40 @@ def test_every_published_out_of_memory_run_does_not_fit(row):
     assert not training_estimate(REF, row)["fits"]
 
 
+_TUNING_FLAGS = ("--activation_checkpoint.", "--training.local_batch_size=")
+
+
+def test_a_tuned_row_is_the_fastest_fitting_plan_over_ac_and_batch():
+    """A source that chose AC and the batch for speed (`tuned = true`) is estimated as the fastest fitting plan over the
+    search's AC modes and local batches: checked against every candidate estimated on its own."""
+    base = next(r for r in REF["training"] if r["id"] == "h100_8b_fsdp8_compile")
+    row = dict(base, args=[a for a in base["args"] if not a.startswith(_TUNING_FLAGS)], tuned=True)
+    best = training_estimate(REF, row)
+    fitting = []
+    for mode in ("none", "selective", "full"):
+        for batch in (1, 2, 4, 8, 16, 32):
+            knobs = [f"--activation_checkpoint.mode={mode}", "--activation_checkpoint.selective_ac_option=op",
+                     f"--training.local_batch_size={batch}"]  # fmt: skip
+            e = training_estimate(REF, dict(row, args=[*row["args"], *knobs], tuned=False))
+            if e["fits"]:
+                fitting.append(e)
+    assert len(fitting) > 1  # the choice is a real one here
+    top = max(fitting, key=lambda e: e["tokens_per_sec_per_device"])
+    assert best["tokens_per_sec_per_device"] == top["tokens_per_sec_per_device"]
+    assert (best["layout"]["ac_mode"], best["layout"]["local_batch_size"]) == (
+        top["layout"]["ac_mode"],
+        top["layout"]["local_batch_size"],
+    )
+
+
+def test_tuned_rows_leave_the_tuned_knobs_to_the_estimate():
+    tuned = [r for r in REF["training"] if r.get("tuned")]
+    assert tuned
+    for r in tuned:
+        assert not [a for a in r["args"] if a.startswith(_TUNING_FLAGS)], r["id"]
+        assert "memory_gib" not in r, r["id"]  # the peak of a configuration the source does not state
+
+
 def test_efficiency_fields_are_not_rates():
     """Compute rates live in rates.py with their sources; Efficiency keeps bandwidth fractions and structure."""
     names = {f.name for f in dataclasses.fields(validation.DEFAULT)}

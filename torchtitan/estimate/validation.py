@@ -17,17 +17,20 @@ without it, every other source's cross-validated errors equal its in-sample ones
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import sys
 from pathlib import Path
 
 from torchtitan.config import parse_args
+from torchtitan.errors import UserError
 from torchtitan.models import model_args_from_config
 
 from .efficiency import DEFAULT, Efficiency
 from .inference import estimate_inference
 from .memory import rest_ratio, scale_peak, state_gib
 from .plan import Calibration, build_plan, resolve_hardware
+from .search import AC_MODES, LOCAL_BATCHES
 from .training import estimate_plan
 
 if sys.version_info >= (3, 11):
@@ -75,7 +78,28 @@ def training_cfg(ref: dict, row: dict):
 
 
 def training_estimate(ref: dict, row: dict, eff: Efficiency = DEFAULT) -> dict:
+    if row.get("tuned"):
+        return tuned_estimate(ref, row, eff)
     return estimate_plan(build_plan(training_cfg(ref, row), eff=eff))
+
+
+def tuned_estimate(ref: dict, row: dict, eff: Efficiency = DEFAULT) -> dict:
+    """A row whose source chose activation checkpointing and the local batch for speed and published the fastest it
+    found (`tuned = true`): the fastest plan that fits over `--estimate.search`'s AC modes and local batches, the
+    rest of the row as written -- the answer a user who tunes the same two knobs gets from the estimator."""
+    best = None
+    for (mode, option), batch in itertools.product(AC_MODES, LOCAL_BATCHES):
+        knobs = [f"--activation_checkpoint.mode={mode}", f"--activation_checkpoint.selective_ac_option={option}",
+                 f"--training.local_batch_size={batch}"]  # fmt: skip
+        try:
+            r = estimate_plan(build_plan(training_cfg(ref, dict(row, args=[*row["args"], *knobs])), eff=eff))
+        except UserError:
+            continue  # a batch the layout cannot split
+        if r["fits"] and (best is None or r["tokens_per_sec_per_device"] > best["tokens_per_sec_per_device"]):
+            best = r
+    if best is None:
+        raise ValueError(f"{row['id']}: no activation checkpointing mode and local batch of the search fits")
+    return best
 
 
 def inference_estimate(ref: dict, row: dict, eff: Efficiency = DEFAULT) -> dict:
