@@ -3,9 +3,9 @@
 What the published runs say (docs/estimate.md, "Anchoring on a measured run"): the estimate's tokens/s error is
 mostly a level that each source (one cluster, one software date) shares, not noise from run to run. Scaling an
 estimate by the measured / estimated tokens/s of another published run of the same source, device, model, compile
-mode and layout kind brings the median error of 494 such pairs from 8.91 % to 3.68 %; across other differences it
-helps less and loses figures from the goal (1,542 pairs of any two runs of one source and device: 8.47 % -> 6.49 %,
-1,267 -> 1,152 within 15 %). The peak memory beyond the training state (weights, gradients, optimizer states: byte
+mode and layout kind brings the median error of 498 such pairs from 8.66 % to 3.75 %; across other differences it
+helps less and loses figures from the goal (1,554 pairs of any two runs of one source and device: 8.47 % -> 6.43 %,
+1,279 -> 1,164 within 15 %). The peak memory beyond the training state (weights, gradients, optimizer states: byte
 counts, kept) is scaled by the anchor's measured / estimated part beyond its own state, only when the anchor also
 shares the plan's activation checkpointing and is not a pipeline run: on the 122 published pairs of that kind the
 median error goes from 1.73 % to 0.59 % (98 -> 119 within 10 %), no run that ran is then said not to fit, and
