@@ -95,7 +95,7 @@ class Efficiency:
     decode_hbm_int4: float = DECODE_HBM_INT4  # 0.67: tinygemm at 0.80 of the fp16 GEMV's bandwidth (above)
     # fixed per layer and decode step (kernel tails and gaps under CUDA graphs): no measurement found, so FITTED
     # in validation.py (chosen on the decode rows, 20..90 us in 5 us steps; this is the fit on every source)
-    decode_layer_overhead_us: float = 60.0
+    decode_layer_overhead_us: float = 55.0
 
 
 DEFAULT = Efficiency()
