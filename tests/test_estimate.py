@@ -28,6 +28,7 @@ from torchtitan.estimate import (
 from torchtitan.estimate.__main__ import main as estimate_main
 from torchtitan.estimate.activations import BlockShape, backward_working_set_per_token, saved_per_token
 from torchtitan.estimate.efficiency import DEFAULT
+from torchtitan.estimate.inference import inference_hardware
 from torchtitan.estimate.plan import Calibration
 from torchtitan.estimate.search import layout_flags, search
 from torchtitan.estimate.training import float8_flops_per_token
@@ -1115,6 +1116,32 @@ def test_inference_keys_and_behaviour(tmp_path, capsys):
     assert big["tokens_per_sec"] > 10 * r["bfloat16"]["tokens_per_sec"]
     with pytest.raises(UserError, match="tensor_parallel_degree 3 must divide"):
         estimate_inference(args, hw, 1, 8, 8, "bfloat16", tp=3)
+
+
+def test_calibrated_inference_measures_the_rates_generation_reads(tmp_path, capsys):
+    """--estimate.calibrate in inference mode measures what generation reads -- the square-GEMM peak, the elementwise
+    bandwidth and the decode step's own matmuls at the planned batch -- in one process, not the training plan's step
+    (whose default batch, sequence and vocabulary a 1B model's loss and blocks would have to hold: on this VM that
+    calibration was killed for memory). Its error bar is the decode rows', compared across every device."""
+    out = tmp_path / "i.json"
+    argv = ["--model.flavor=1B", "--model.n_layers=2", "--estimate.mode=inference", "--estimate.hardware=cpu",
+            "--estimate.calibrate=true", "--estimate.batch_size=2", "--estimate.prompt_len=16",
+            "--estimate.gen_len=8", f"--estimate.json={out}"]  # fmt: skip
+    assert estimate_main(argv) == 0
+    assert "decode matmuls" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    cal = data["calibration"]
+    assert cal["matmul_peak_tflops"] > 0 and cal["hbm_gbps"] > 0 and cal["decode_gbps"] > 0
+    assert cal["attention_tflops"] is None and cal["loss_ns_per_logit"] is None and not cal["probe_step_s"]
+    # decode reads its weights at the measured matmul rate, not the datasheet's (a CPU has none) nor the add's
+    cfg = parse_args(argv)
+    measured = Calibration(**{k: v for k, v in cal.items() if k != "matmul_tflops"})
+    args = model_args_from_config(cfg.model, cfg.training.seq_len)
+    hw = inference_hardware(cfg.estimate, 1, measured)
+    expect = estimate_inference(args, hw, 2, 16, 8, measured_decode_gbps=cal["decode_gbps"])
+    assert data["decode_ms_per_token"] == pytest.approx(expect["decode_ms_per_token"])
+    assert set(data["validation"]) == {"decode tokens/s"}
+    assert data["validation"]["decode tokens/s"]["scope"] == "every device and layout"
 
 
 def test_generation_latency_for_the_generate_benchmark():

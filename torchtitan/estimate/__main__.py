@@ -32,12 +32,31 @@ def _calibration_json(cal) -> dict:
     return d
 
 
+def _calibration_line(cal) -> str:
+    """What a calibration measured, in one line (an inference calibration measures two rates only)."""
+    parts = [f"square-GEMM peak {cal.matmul_peak_tflops:.3f} TFLOPS"]
+    if cal.attention_tflops is not None:
+        parts.append(f"attention {cal.attention_tflops:.3f} TFLOPS")
+    parts.append(f"memory {cal.hbm_gbps:.1f} GB/s")
+    if cal.decode_gbps is not None:
+        parts.append(f"decode matmuls {cal.decode_gbps:.1f} GB/s")
+    if cal.loss_ns_per_logit is not None:
+        parts.append(f"eager loss {cal.loss_ns_per_logit:.2f} ns/logit")
+    if cal.collective_gbps:
+        parts.append(f"collectives {cal.collective_gbps:.2f} GB/s")
+    if cal.block_s:
+        parts.append(
+            f"one block {cal.block_s * 1e3:.1f} ms ({cal.block_kernels_s * 1e3:.1f} in its GEMMs and attention alone)"
+        )
+    return f"{'; '.join(cal.notes)}: {', '.join(parts)}"
+
+
 def run(cfg, out=None, argv: list[str] | None = None) -> dict:
     """Estimate what the config's [estimate] section asks for; print the report to `out`; return the JSON dict."""
     from torchtitan.models import model_args_from_config
 
-    from .inference import estimate_inference
-    from .plan import build_plan, resolve_hardware
+    from .inference import estimate_inference, inference_hardware
+    from .plan import build_plan
     from .report import inference_report, search_report, training_report
     from .search import search
     from .training import estimate_plan
@@ -52,22 +71,24 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
         anchor.check_plan(est)  # before any calibration: a plan it cannot anchor is refused at once
     calibration = None
     if est.calibrate:
-        from .calibrate import calibrate
+        from .calibrate import calibrate, calibrate_inference
 
-        calibration = calibrate(build_plan(cfg, require_rates=False), config_argv=argv)
-        print(f"calibrated: {'; '.join(calibration.notes)}: square-GEMM peak {calibration.matmul_peak_tflops:.3f}"
-              f" TFLOPS, attention {calibration.attention_tflops:.3f} TFLOPS, memory {calibration.hbm_gbps:.1f} GB/s,"
-              f" eager loss {calibration.loss_ns_per_logit:.2f} ns/logit"
-              + (f", collectives {calibration.collective_gbps:.2f} GB/s" if calibration.collective_gbps else "")
-              + (f", one block {calibration.block_s * 1e3:.1f} ms ({calibration.block_kernels_s * 1e3:.1f} in its GEMMs"
-                 " and attention alone)" if calibration.block_s else ""),
-              file=out)  # fmt: skip
+        if est.mode == "inference":  # the rates generation reads, not the training plan's step
+            from torchtitan.models import model_args_from_config
+
+            calibration = calibrate_inference(
+                model_args_from_config(cfg.model, cfg.training.seq_len), est.batch_size,
+                cfg.parallelism.tensor_parallel_degree, cpu_bf16_fp32_kernels=cfg.training.cpu_bf16_fp32_kernels,
+            )  # fmt: skip
+        else:
+            calibration = calibrate(build_plan(cfg, require_rates=False), config_argv=argv)
+        print(f"calibrated: {_calibration_line(calibration)}", file=out)
     if est.mode == "inference":
         args = model_args_from_config(cfg.model, cfg.training.seq_len)
-        hw = resolve_hardware(est, calibration)
+        hw = inference_hardware(est, cfg.parallelism.tensor_parallel_degree, calibration)
         result = estimate_inference(
             args, hw, est.batch_size, est.prompt_len, est.gen_len, est.weight_dtype,
-            cfg.parallelism.tensor_parallel_degree, measured_hbm_gbps=calibration.hbm_gbps if calibration else None,
+            cfg.parallelism.tensor_parallel_degree, measured_decode_gbps=calibration.decode_gbps if calibration else None,
         )  # fmt: skip
         text = inference_report(result)
     elif est.search:

@@ -110,9 +110,11 @@ def comparable(
 
 
 def _quantities(estimate: dict) -> tuple[str, ...]:
-    return QUANTITIES[
-        "CPU" if validation.device_and_layout(estimate)["device"] == "CPU" else estimate["mode"]
-    ]
+    """What an estimate is compared on: decode tokens/s for generation (on any device: no CPU decode row exists, so a
+    CPU's is compared with every device's), a CPU training plan's step time and peak RSS, else tokens/s and memory."""
+    if estimate["mode"] == "training" and validation.device_and_layout(estimate)["device"] == "CPU":
+        return QUANTITIES["CPU"]
+    return QUANTITIES[estimate["mode"]]
 
 
 def rows_for(estimate: dict) -> list[dict] | None:

@@ -32,6 +32,14 @@ Measured, each for a fraction of a second:
 With several processes every micro-benchmark runs in all of them at once (rank 0 reports), so cores, memory
 bandwidth and links are shared as they will be in the run. CPU processes get the threads the launcher gives them
 (torchrun: 1 thread each when there are several).
+
+An inference estimate (`--estimate.mode=inference`) reads other rates, so `calibrate_inference` measures those on
+the first device present, in this process: the square-GEMM peak (prefill), the elementwise bandwidth, and the
+decode step's own matmuls -- every linear of a block (its tensor-parallel share) and the head, with the planned
+batch as rows, bf16 weights -- whose weight bytes over their time are the rate decode reads its weights at (on this
+2-core VM 30-50 GB/s by shape against 45 GB/s of elementwise bandwidth; a GPU's small GEMVs fall short of its
+bandwidth too). None of the training plan's shapes is built: its batch, sequence and vocabulary are the training
+config's, which an inference command does not set.
 """
 
 from __future__ import annotations
@@ -714,6 +722,50 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def measure_decode_matmuls(model_args, batch: int, tp: int, device, seconds: float) -> float:
+    """GB/s at which one decode step's matmuls read their bf16 weights: each linear of a block (its `tp` share:
+    column-parallel outputs and row-parallel inputs split) and the head, `batch` rows each, timed in turn; the
+    weight bytes of n_layers blocks and the head over n_layers x the block's time plus the head's."""
+    from .plan import model_linears
+
+    block, head = model_linears(model_args, 16)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def operands(lin, split: bool):
+        k, n = lin.in_features, lin.out_features
+        if split:
+            k, n = (k, n // tp) if lin.colwise else (k // tp, n)
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=g)
+        return torch.randn(batch, k, device=device, dtype=torch.bfloat16, generator=g), w
+
+    pairs = [operands(lin, True) for lin in block]
+    x_head, w_head = operands(head, False)
+    t_block = _median_time(lambda: [torch.nn.functional.linear(x, w) for x, w in pairs], device, seconds)
+    t_head = _median_time(lambda: torch.nn.functional.linear(x_head, w_head), device, seconds)
+    layers = model_args.n_layers
+    nbytes = layers * sum(w.numel() for _, w in pairs) * 2 + w_head.numel() * 2
+    return nbytes / (layers * t_block + t_head) / 1e9
+
+
+def calibrate_inference(
+    model_args, batch: int, tp: int, seconds: float = 0.3, cpu_bf16_fp32_kernels: bool = True
+) -> Calibration:
+    """The rates an inference estimate reads (inference.py), measured on the first device present in this process:
+    the square-GEMM peak (prefill's compute), the elementwise bandwidth, and the rate the decode step's own
+    matmuls read their weights at (measure_decode_matmuls)."""
+    from torchtitan.metrics.hardware import calibrate_tflops
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    dtype = matmul_dtype(device.type, torch.bfloat16, cpu_bf16_fp32_kernels)
+    cal = Calibration(device=str(device))
+    cal.matmul_peak_tflops = calibrate_tflops(device, dtype, seconds=seconds)
+    cal.hbm_gbps = measure_bandwidth(device, dtype, seconds)
+    cal.decode_gbps = measure_decode_matmuls(model_args, batch, tp, device, seconds)
+    threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
+    cal.notes = [f"1 process on {device.type}{threads}, the rates inference reads"]
+    return cal
 
 
 def calibrate(plan: Plan, seconds: float = 0.3, config_argv: list[str] | None = None) -> Calibration:

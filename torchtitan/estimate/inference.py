@@ -14,6 +14,7 @@ gen_len, weight_dtype, tp) -> GenerationLatency (prefill_ms, decode_ms_per_token
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torchtitan.config.job_config import Estimate
@@ -28,6 +29,12 @@ WEIGHT_BYTES = {"bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 INT4_GROUP = 32
 TP_ALLREDUCE_LATENCY_US = 10.0  # one small all-reduce over NVLink (NCCL's latency-bound regime)
 KV_BYTES = 2  # bf16 cache
+
+
+def inference_hardware(est: Estimate, tp: int, calibration=None) -> Hardware:
+    """The hardware of a generation plan: `tp` devices (its tensor-parallel degree), no collective bandwidth needed
+    (its all-reduces are priced by latency: TP_ALLREDUCE_LATENCY_US)."""
+    return resolve_hardware(dataclasses.replace(est, num_devices=tp), calibration, collectives=False)
 
 
 def _linear_weight_bytes(in_f: int, out_f: int, dtype: str) -> float:
@@ -48,13 +55,14 @@ def estimate_inference(
     weight_dtype: str = "bfloat16",
     tp: int = 1,
     eff: Efficiency = DEFAULT,
-    measured_hbm_gbps: float | None = None,
+    measured_decode_gbps: float | None = None,
 ) -> dict:
     """Latency, throughput and memory of generating `gen_len` tokens after a `prompt_len` prompt, per sequence
     of a batch of `batch`, with weights in `weight_dtype` and `tp`-way tensor parallelism (times in ms).
 
-    `measured_hbm_gbps` (from --estimate.calibrate) replaces the datasheet bandwidth; bf16 decode is then taken to
-    sustain it and the quantized kernels their default ratio to bf16."""
+    `measured_decode_gbps` (from --estimate.calibrate: the rate this device's decode matmuls read their bf16 weights
+    at, calibrate.measure_decode_matmuls) replaces the datasheet bandwidth times decode_hbm_bf16; quantized weights
+    are read at their default ratio to bf16."""
     for name, v in (("batch_size", batch), ("prompt_len", prompt_len), ("gen_len", gen_len), ("tp", tp)):
         if v < 1:
             raise UserError(f"estimate.{name} = {v} must be >= 1")
@@ -84,8 +92,8 @@ def estimate_inference(
         weight_dtype
     ]
     hbm = hardware.hbm_gbps * 1e9 * bw_eff
-    if measured_hbm_gbps:
-        hbm = measured_hbm_gbps * 1e9 * bw_eff / eff.decode_hbm_bf16
+    if measured_decode_gbps:
+        hbm = measured_decode_gbps * 1e9 * bw_eff / eff.decode_hbm_bf16
     overhead = L * (eff.decode_layer_overhead_us + (2 * TP_ALLREDUCE_LATENCY_US if tp > 1 else 0.0)) * 1e-6
 
     # decode: average context over the generated tokens
@@ -150,6 +158,6 @@ def generation_latency(
     80GB HBM3"), or a resolved Hardware. The decode step's cost grows with the KV cache, so decode_ms_per_token is
     the mean over the `gen_len` steps after a `prompt_len` prompt (the step at context prompt_len + gen_len/2).
     An unknown device or a CPU (whose rates only a calibration gives) raises UserError."""
-    hw = gpu if isinstance(gpu, Hardware) else resolve_hardware(Estimate(hardware=gpu, num_devices=tp))
+    hw = gpu if isinstance(gpu, Hardware) else inference_hardware(Estimate(hardware=gpu), tp)
     r = estimate_inference(model_args, hw, batch, prompt_len, gen_len, weight_dtype, tp)
     return GenerationLatency(r["prefill_ms"], r["decode_ms_per_token"], r["tokens_per_sec"], hw.name)

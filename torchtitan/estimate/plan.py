@@ -64,6 +64,9 @@ class Calibration:
     matmul_peak_tflops: float | None = None  # square-GEMM peak (the MFU reference on CPU)
     attention_tflops: float | None = None  # SDPA forward+backward on the FLOPs it does
     hbm_gbps: float | None = None  # elementwise copy bandwidth actually sustained
+    # inference: the bf16 weight-read rate of one decode step's own matmuls (every linear of a block, tensor-parallel
+    # share, and the head, at the planned batch), bytes of weights over their measured time
+    decode_gbps: float | None = None
     collective_gbps: float | None = None  # all-gather / reduce-scatter bus bandwidth between the processes
     # CPU: [kind, processes, bytes, seconds] of each collective alone at two sizes (collectives.ring_time)
     collective_s: list = field(default_factory=list)
@@ -101,10 +104,13 @@ def _pick(override, value, what: str):
     return value
 
 
-def resolve_hardware(est, calibration: Calibration | None = None, require_rates: bool = True) -> Hardware:
+def resolve_hardware(
+    est, calibration: Calibration | None = None, require_rates: bool = True, collectives: bool = True
+) -> Hardware:
     """The [estimate] hardware with its overrides applied; CPU numbers must come from a calibration.
 
-    require_rates=False leaves unknown rates as NaN (enough for memory, and for planning the calibration)."""
+    require_rates=False leaves unknown rates as NaN (enough for memory, and for planning the calibration);
+    collectives=False: the plan prices no collective by bandwidth (generation: inference.inference_hardware)."""
     spec: DeviceSpec = device_spec(est.hardware)
     stated = stated_memory_gb(est.hardware)
     if (
@@ -139,7 +145,7 @@ def resolve_hardware(est, calibration: Calibration | None = None, require_rates:
     if is_cpu and est.devices_per_node is None:
         per_node = max(est.num_devices, 1)  # CPU processes of one host talk over loopback
     needed = [("peak", bf16), ("memory bandwidth", hbm)]
-    if est.num_devices > 1:
+    if est.num_devices > 1 and collectives:
         needed.append(("collective bandwidth", intra))
     missing = [n for n, v in needed if not v]
     if missing and require_rates:

@@ -27,9 +27,9 @@ from torchtitan.errors import UserError
 from torchtitan.models import model_args_from_config
 
 from .efficiency import DEFAULT, Efficiency
-from .inference import estimate_inference
+from .inference import estimate_inference, inference_hardware
 from .memory import rest_ratio, scale_peak, state_gib
-from .plan import Calibration, build_plan, resolve_hardware
+from .plan import Calibration, build_plan
 from .search import AC_MODES, LOCAL_BATCHES
 from .training import estimate_plan
 
@@ -108,7 +108,7 @@ def inference_estimate(ref: dict, row: dict, eff: Efficiency = DEFAULT) -> dict:
     args = model_args_from_config(cfg.model, cfg.training.seq_len)
     tp = cfg.parallelism.tensor_parallel_degree
     return estimate_inference(
-        args, resolve_hardware(e), e.batch_size, e.prompt_len, e.gen_len, e.weight_dtype, tp, eff=eff
+        args, inference_hardware(e, tp), e.batch_size, e.prompt_len, e.gen_len, e.weight_dtype, tp, eff=eff
     )
 
 

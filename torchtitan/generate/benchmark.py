@@ -153,7 +153,8 @@ def predicted_latency(
     On CUDA the hardware is the GPU found, from the hardware table; a CPU has no datasheet, so its rates come from
     --estimate.peak_tflops and --estimate.hbm_bandwidth_gbps (measured by `python -m torchtitan.estimate
     --estimate.hardware=cpu --estimate.calibrate=true`). Other [estimate] overrides apply as in the estimator."""
-    from torchtitan.estimate import generation_latency, resolve_hardware
+    from torchtitan.estimate import generation_latency
+    from torchtitan.estimate.inference import inference_hardware
 
     if weight_dtype not in ("bfloat16", "int8", "int4"):
         return {"unavailable": f"the estimator models bfloat16, int8 and int4 weights, not {weight_dtype}"}
@@ -162,9 +163,8 @@ def predicted_latency(
             "unavailable": "no datasheet for a CPU: pass --estimate.peak_tflops and --estimate.hbm_bandwidth_gbps"
             " (python -m torchtitan.estimate --estimate.hardware=cpu --estimate.calibrate=true measures them)"
         }
-    est = dataclasses.replace(estimate, hardware=device_name(device), num_devices=tp)
     try:
-        hw = resolve_hardware(est)
+        hw = inference_hardware(dataclasses.replace(estimate, hardware=device_name(device)), tp)
         lat = generation_latency(model_args, hw, batch, prompt_len, gen_len, weight_dtype, tp)
     except UserError as e:
         return {"unavailable": str(e)}
