@@ -15,6 +15,7 @@ import torch
 
 from conftest import ROOT, TINY, run_train, train_env
 from torchtitan.config import help_text, parse_args
+from torchtitan.config.job_config import Estimate
 from torchtitan.config.manager import ConfigError
 from torchtitan.errors import UserError
 from torchtitan.estimate import (
@@ -27,8 +28,8 @@ from torchtitan.estimate import (
 )
 from torchtitan.estimate.__main__ import main as estimate_main
 from torchtitan.estimate.activations import BlockShape, backward_working_set_per_token, saved_per_token
+from torchtitan.estimate.calibrate import calibrate_inference
 from torchtitan.estimate.efficiency import DEFAULT
-from torchtitan.estimate.inference import inference_hardware
 from torchtitan.estimate.plan import Calibration
 from torchtitan.estimate.search import layout_flags, search
 from torchtitan.estimate.training import float8_flops_per_token
@@ -1120,28 +1121,44 @@ def test_inference_keys_and_behaviour(tmp_path, capsys):
 
 def test_calibrated_inference_measures_the_rates_generation_reads(tmp_path, capsys):
     """--estimate.calibrate in inference mode measures what generation reads -- the square-GEMM peak, the elementwise
-    bandwidth and the decode step's own matmuls at the planned batch -- in one process, not the training plan's step
-    (whose default batch, sequence and vocabulary a 1B model's loss and blocks would have to hold: on this VM that
-    calibration was killed for memory). Its error bar is the decode rows', compared across every device."""
+    bandwidth, the decode step's own matmuls at the planned batch, and this trainer's decode step itself at two
+    depths -- in one process, not the training plan's step (whose default batch, sequence and vocabulary a 1B model's
+    loss and blocks would have to hold: on this VM that calibration was killed for memory). The decode step is the
+    measured one carried to the model's depth; the error bar is the decode rows', compared across every device."""
     out = tmp_path / "i.json"
     argv = ["--model.flavor=1B", "--model.n_layers=2", "--estimate.mode=inference", "--estimate.hardware=cpu",
             "--estimate.calibrate=true", "--estimate.batch_size=2", "--estimate.prompt_len=16",
             "--estimate.gen_len=8", f"--estimate.json={out}"]  # fmt: skip
     assert estimate_main(argv) == 0
-    assert "decode matmuls" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "decode matmuls" in text and "measured on this device" in text
     data = json.loads(out.read_text())
     cal = data["calibration"]
     assert cal["matmul_peak_tflops"] > 0 and cal["hbm_gbps"] > 0 and cal["decode_gbps"] > 0
     assert cal["attention_tflops"] is None and cal["loss_ns_per_logit"] is None and not cal["probe_step_s"]
-    # decode reads its weights at the measured matmul rate, not the datasheet's (a CPU has none) nor the add's
-    cfg = parse_args(argv)
-    measured = Calibration(**{k: v for k, v in cal.items() if k != "matmul_tflops"})
-    args = model_args_from_config(cfg.model, cfg.training.seq_len)
-    hw = inference_hardware(cfg.estimate, 1, measured)
-    expect = estimate_inference(args, hw, 2, 16, 8, measured_decode_gbps=cal["decode_gbps"])
-    assert data["decode_ms_per_token"] == pytest.approx(expect["decode_ms_per_token"])
+    # the probe ran the model with 1 block and with 2 (3, capped at the model's 2): the 2-block step is the estimate's
+    assert [d for d, _ in cal["decode_step_s"]] == [1, 2] and all(t > 0 for _, t in cal["decode_step_s"])
+    assert data["decode_measured"]
+    assert data["decode_ms_per_token"] == pytest.approx(cal["decode_step_s"][1][1] * 1e3)
     assert set(data["validation"]) == {"decode tokens/s"}
     assert data["validation"]["decode tokens/s"]["scope"] == "every device and layout"
+
+
+def test_decode_step_carried_along_two_depths_or_priced_by_its_bytes():
+    """A measured decode step is carried along the line through its two depths to the model's; where the probe
+    cannot run (int4 has no CPU kernel here) the step is priced by its bytes at the measured matmul rate."""
+    args = get_model_args("debugmodel")  # 6 blocks
+    hw = resolve_hardware(Estimate(hardware="cpu", num_devices=1, peak_tflops=0.5, hbm_bandwidth_gbps=20))
+    probe = [[1, 0.002], [3, 0.004], [1, 0.0022], [3, 0.0038]]  # medians 0.0021 and 0.0039: 0.9 ms a block
+    r = estimate_inference(args, hw, 1, 8, 8, measured_decode_gbps=10.0, measured_decode_step=probe)
+    assert r["decode_measured"] and r["decode_ms_per_token"] == pytest.approx(2.1 + 0.9 * 5)
+    priced = estimate_inference(args, hw, 1, 8, 8, measured_decode_gbps=10.0)
+    assert not priced["decode_measured"] and priced["decode_ms_per_token"] != pytest.approx(
+        r["decode_ms_per_token"]
+    )
+    cal = calibrate_inference(args, 1, 1, 8, 8, "int4", seconds=0.05)
+    assert cal.decode_step_s == [] and "decode step not probed (int4 weights on cpu)" in "; ".join(cal.notes)
+    assert cal.decode_gbps > 0
 
 
 def test_generation_latency_for_the_generate_benchmark():

@@ -40,6 +40,11 @@ def _calibration_line(cal) -> str:
     parts.append(f"memory {cal.hbm_gbps:.1f} GB/s")
     if cal.decode_gbps is not None:
         parts.append(f"decode matmuls {cal.decode_gbps:.1f} GB/s")
+    if cal.decode_step_s:
+        steps = ", ".join(
+            f"{t * 1e3:.2f} ms with {d} block{'s' if d > 1 else ''}" for d, t in cal.decode_step_s
+        )
+        parts.append(f"a decode step {steps}")
     if cal.loss_ns_per_logit is not None:
         parts.append(f"eager loss {cal.loss_ns_per_logit:.2f} ns/logit")
     if cal.collective_gbps:
@@ -78,7 +83,8 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
 
             calibration = calibrate_inference(
                 model_args_from_config(cfg.model, cfg.training.seq_len), est.batch_size,
-                cfg.parallelism.tensor_parallel_degree, cpu_bf16_fp32_kernels=cfg.training.cpu_bf16_fp32_kernels,
+                cfg.parallelism.tensor_parallel_degree, est.prompt_len, est.gen_len, est.weight_dtype,
+                compile=cfg.compile.enable, cpu_bf16_fp32_kernels=cfg.training.cpu_bf16_fp32_kernels,
             )  # fmt: skip
         else:
             calibration = calibrate(build_plan(cfg, require_rates=False), config_argv=argv)
@@ -89,6 +95,7 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
         result = estimate_inference(
             args, hw, est.batch_size, est.prompt_len, est.gen_len, est.weight_dtype,
             cfg.parallelism.tensor_parallel_degree, measured_decode_gbps=calibration.decode_gbps if calibration else None,
+            measured_decode_step=calibration.decode_step_s if calibration else None,
         )  # fmt: skip
         text = inference_report(result)
     elif est.search:

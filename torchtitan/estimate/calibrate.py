@@ -34,12 +34,13 @@ bandwidth and links are shared as they will be in the run. CPU processes get the
 (torchrun: 1 thread each when there are several).
 
 An inference estimate (`--estimate.mode=inference`) reads other rates, so `calibrate_inference` measures those on
-the first device present, in this process: the square-GEMM peak (prefill), the elementwise bandwidth, and the
-decode step's own matmuls -- every linear of a block (its tensor-parallel share) and the head, with the planned
-batch as rows, bf16 weights -- whose weight bytes over their time are the rate decode reads its weights at (on this
-2-core VM 30-50 GB/s by shape against 45 GB/s of elementwise bandwidth; a GPU's small GEMVs fall short of its
-bandwidth too). None of the training plan's shapes is built: its batch, sequence and vocabulary are the training
-config's, which an inference command does not set.
+the first device present, in this process: the square-GEMM peak (prefill), the elementwise bandwidth, the decode
+step's own matmuls -- every linear of a block (its tensor-parallel share) and the head, with the planned batch as
+rows, bf16 weights -- whose weight bytes over their time are the rate decode reads its weights at (on this 2-core VM
+10-30 GB/s by shape against 45 GB/s of elementwise bandwidth), and, without tensor parallelism, this trainer's
+decode step itself (torchtitan.generate, the planned batch, weight dtype and context) at two depths. None of the
+training plan's shapes is built: its batch, sequence and vocabulary are the training config's, which an inference
+command does not set.
 """
 
 from __future__ import annotations
@@ -749,12 +750,93 @@ def measure_decode_matmuls(model_args, batch: int, tp: int, device, seconds: flo
     return nbytes / (layers * t_block + t_head) / 1e9
 
 
+DECODE_DEPTHS = (1, 3)  # blocks of the decode probe (measure_decode_step), at most the model's
+DECODE_PROBE_TOKENS = 8  # tokens each of its generate calls makes
+DECODE_PROBE_CALLS = 3  # its timed generate calls at each depth (after one untimed)
+
+
+def decode_probe_gib(model_args, depth: int, weight_dtype: str) -> float:
+    """The decode probe's weights at `depth` blocks (an upper bound: quantized weights counted at bf16 size)."""
+    a = model_args
+    tables = a.vocab_size * a.dim * (1 if a.tie_embeddings else 2)  # the embedding (and an untied output)
+    per_block = (a.num_params() - tables - a.dim) / a.n_layers  # the blocks' parameters, norms included
+    return (depth * per_block + tables) * 2 / 2**30
+
+
+def measure_decode_step(
+    model_args,
+    batch: int,
+    prompt_len: int,
+    gen_len: int,
+    weight_dtype: str,
+    compile: bool,
+    device,
+    cpu_bf16_fp32_kernels: bool = True,
+) -> list[list]:
+    """This trainer's own decode step (torchtitan.generate: the model's KV cache, its sampling, the weights quantized
+    as generation quantizes them) on `device`, with the planned batch and weights and random ones, at the depths of
+    DECODE_DEPTHS: [[n_layers, seconds a step], ...], the median step of DECODE_PROBE_CALLS generate calls whose
+    context centres on prompt_len + gen_len / 2 (the mean context of the planned generation). [] where the probe
+    cannot run here: the weight dtype has no kernel on this device (int4 outside CUDA), or the probe's weights
+    exceed a quarter of its memory."""
+    import statistics
+
+    from torchtitan.errors import UserError
+    from torchtitan.generate import generate, make_decode_step, quantize_weights
+    from torchtitan.generate.loader import check_quantize
+    from torchtitan.metrics.memory import device_memory_gib
+    from torchtitan.models.llama3 import Transformer
+    from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
+
+    mode = None if weight_dtype == "bfloat16" else weight_dtype
+    try:
+        check_quantize(mode, device, torch.bfloat16)
+    except UserError:
+        return []
+    depths = sorted({min(d, model_args.n_layers) for d in DECODE_DEPTHS})
+    if decode_probe_gib(model_args, depths[-1], weight_dtype) > device_memory_gib(device) / 4:
+        return []
+    prompt = max(1, prompt_len + gen_len // 2 - DECODE_PROBE_TOKENS // 2)
+    cache_len = prompt + DECODE_PROBE_TOKENS
+    out = []
+    for depth in depths:
+        args = dataclasses.replace(model_args, n_layers=depth, max_seq_len=max(cache_len, 2))
+        with torch.device("meta"):
+            model = Transformer(args)
+        model.to_empty(device=device)
+        with torch.no_grad():
+            model.init_weights()
+        model = model.to(torch.bfloat16).eval().requires_grad_(False)
+        quantize_weights(model, mode)
+        use_cpu_bf16_kernels(model, device.type, torch.bfloat16, cpu_bf16_fp32_kernels)
+        step = make_decode_step(model, compile=compile)
+        prompts = [[1] * prompt for _ in range(batch)]
+        steps = []
+        for call in range(DECODE_PROBE_CALLS + 1):
+            g = generate(model, prompts, DECODE_PROBE_TOKENS, eos_id=-1, decode_step=step, cache_len=cache_len,
+                         static_shapes=compile)  # fmt: skip
+            if call:  # the first call warms up (and compiles)
+                steps += g.decode_s
+        out.append([depth, statistics.median(steps)])
+        del model, step
+    return out
+
+
 def calibrate_inference(
-    model_args, batch: int, tp: int, seconds: float = 0.3, cpu_bf16_fp32_kernels: bool = True
+    model_args,
+    batch: int,
+    tp: int,
+    prompt_len: int = 1,
+    gen_len: int = 1,
+    weight_dtype: str = "bfloat16",
+    compile: bool = False,
+    seconds: float = 0.3,
+    cpu_bf16_fp32_kernels: bool = True,
 ) -> Calibration:
     """The rates an inference estimate reads (inference.py), measured on the first device present in this process:
-    the square-GEMM peak (prefill's compute), the elementwise bandwidth, and the rate the decode step's own
-    matmuls read their weights at (measure_decode_matmuls)."""
+    the square-GEMM peak (prefill's compute), the elementwise bandwidth, the rate the decode step's own matmuls read
+    their weights at (measure_decode_matmuls), and, without tensor parallelism, this trainer's decode step itself at
+    two depths (measure_decode_step)."""
     from torchtitan.metrics.hardware import calibrate_tflops
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -765,6 +847,14 @@ def calibrate_inference(
     cal.decode_gbps = measure_decode_matmuls(model_args, batch, tp, device, seconds)
     threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
     cal.notes = [f"1 process on {device.type}{threads}, the rates inference reads"]
+    if tp == 1:
+        cal.decode_step_s = measure_decode_step(
+            model_args, batch, prompt_len, gen_len, weight_dtype, compile, device, cpu_bf16_fp32_kernels
+        )
+        if not cal.decode_step_s:
+            cal.notes.append(
+                f"decode step not probed ({weight_dtype} weights on {device.type}): priced by its bytes"
+            )
     return cal
 
 

@@ -15,6 +15,7 @@ gen_len, weight_dtype, tp) -> GenerationLatency (prefill_ms, decode_ms_per_token
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 
 from torchtitan.config.job_config import Estimate
@@ -23,7 +24,7 @@ from torchtitan.models.llama3 import ModelArgs
 
 from . import rates
 from .efficiency import DEFAULT, Efficiency
-from .plan import GIB, Hardware, model_linears, resolve_hardware
+from .plan import GIB, Hardware, along_depths, model_linears, resolve_hardware
 
 WEIGHT_BYTES = {"bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 INT4_GROUP = 32
@@ -56,13 +57,16 @@ def estimate_inference(
     tp: int = 1,
     eff: Efficiency = DEFAULT,
     measured_decode_gbps: float | None = None,
+    measured_decode_step: list | None = None,
 ) -> dict:
     """Latency, throughput and memory of generating `gen_len` tokens after a `prompt_len` prompt, per sequence
     of a batch of `batch`, with weights in `weight_dtype` and `tp`-way tensor parallelism (times in ms).
 
     `measured_decode_gbps` (from --estimate.calibrate: the rate this device's decode matmuls read their bf16 weights
     at, calibrate.measure_decode_matmuls) replaces the datasheet bandwidth times decode_hbm_bf16; quantized weights
-    are read at their default ratio to bf16."""
+    are read at their default ratio to bf16. `measured_decode_step` ([[n_layers, seconds], ...] from
+    calibrate.measure_decode_step: this trainer's decode step timed on the device with these weights and batch at
+    two depths, at the mean context) replaces the decode step's model, carried to the model's depth."""
     for name, v in (("batch_size", batch), ("prompt_len", prompt_len), ("gen_len", gen_len), ("tp", tp)):
         if v < 1:
             raise UserError(f"estimate.{name} = {v} must be >= 1")
@@ -102,6 +106,9 @@ def estimate_inference(
     dec_bytes = lin_bytes / tp + kv_read + batch * a.dim * 2
     dec_flops = (2 * flop_params * batch + 4 * L * a.n_heads * a.head_dim * avg_ctx * batch) / tp
     decode_s = max(dec_bytes / hbm, dec_flops / peak) + overhead
+    measured = along_depths(measured_decode_step or [], statistics.median, L) if tp == 1 else None
+    if measured is not None:
+        decode_s = measured
 
     # prefill: one forward over the prompt (causal attention: half the score matrix)
     pre_tokens = batch * prompt_len
@@ -132,6 +139,7 @@ def estimate_inference(
         },
         "fits": memory + eff.cuda_context_gib * GIB <= hardware.memory_gib * GIB,
         "bandwidth_bound": dec_bytes / hbm >= dec_flops / peak,
+        "decode_measured": measured is not None,
     }
 
 

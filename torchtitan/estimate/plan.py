@@ -67,6 +67,9 @@ class Calibration:
     # inference: the bf16 weight-read rate of one decode step's own matmuls (every linear of a block, tensor-parallel
     # share, and the head, at the planned batch), bytes of weights over their measured time
     decode_gbps: float | None = None
+    # inference: this trainer's own decode step (torchtitan.generate) timed on the device with the planned batch,
+    # weights and context at two depths, [[n_layers, seconds], ...] (calibrate.measure_decode_step)
+    decode_step_s: list = field(default_factory=list)
     collective_gbps: float | None = None  # all-gather / reduce-scatter bus bandwidth between the processes
     # CPU: [kind, processes, bytes, seconds] of each collective alone at two sizes (collectives.ring_time)
     collective_s: list = field(default_factory=list)
@@ -102,6 +105,22 @@ def _pick(override, value, what: str):
             raise UserError(f"estimate.{what} = {override!r} must be a positive number")
         return override
     return value
+
+
+def along_depths(points: list, pick, n: int) -> float | None:
+    """A figure measured on a model cut to fewer blocks (`points`: [[n_layers, value], ...], a depth possibly
+    measured more than once, its values reduced by `pick`) carried along the line through the shallowest and the
+    deepest depth to `n` blocks, the slope never below zero; with one depth, its value only if that depth is `n`."""
+    if not points:
+        return None
+    runs: dict[int, list[float]] = {}
+    for depth, value in points:
+        runs.setdefault(depth, []).append(value)
+    at = sorted((depth, pick(values)) for depth, values in runs.items())
+    if len(at) < 2:
+        return at[0][1] if at[0][0] == n else None
+    (d1, v1), (d2, v2) = at[0], at[-1]
+    return v1 + max(0.0, (v2 - v1) / (d2 - d1)) * (n - d1)
 
 
 def resolve_hardware(
@@ -432,15 +451,7 @@ class Plan:
         cal = self.calibration
         if cal is None or not self.hw.is_cpu or not points or cal.probe_key != self.depth_key():
             return None
-        runs: dict[int, list[float]] = {}
-        for depth, value in points:
-            runs.setdefault(depth, []).append(value)
-        at = sorted((depth, pick(values)) for depth, values in runs.items())
-        n = self.args.n_layers
-        if len(at) < 2:
-            return at[0][1] if at[0][0] == n else None
-        (d1, v1), (d2, v2) = at[0], at[-1]
-        return v1 + max(0.0, (v2 - v1) / (d2 - d1)) * (n - d1)
+        return along_depths(points, pick, self.args.n_layers)
 
     def block_params(self) -> float:
         """Parameters of one block on this rank (TP-sharded matrices; norms replicated)."""

@@ -68,7 +68,13 @@ def inference_report(r: dict) -> str:
         f" {r['weight_dtype']}, tp {r['tp']}",
         f"prefill    {r['prefill_ms']:.2f} ms",
         f"decode     {r['decode_ms_per_token']:.3f} ms per token ("
-        + ("memory-bandwidth bound" if r["bandwidth_bound"] else "compute bound")
+        + (
+            "measured on this device, carried to the model's depth"
+            if r.get("decode_measured")
+            else "memory-bandwidth bound"
+            if r["bandwidth_bound"]
+            else "compute bound"
+        )
         + f"), {r['decode_tokens_per_sec']:,.1f} tokens/s while decoding",
         f"throughput {r['tokens_per_sec']:,.1f} tokens/s end to end",
         f"memory     {r['memory_gib']:.2f} GiB per device -> " + ("FITS" if r["fits"] else "DOES NOT FIT"),
