@@ -33,7 +33,7 @@ def _calibration_json(cal) -> dict:
 
 
 def _calibration_line(cal) -> str:
-    """What a calibration measured, in one line (an inference calibration measures two rates only)."""
+    """What a calibration measured, in one line (an inference calibration has no attention, loss or block)."""
     parts = [f"square-GEMM peak {cal.matmul_peak_tflops:.3f} TFLOPS"]
     if cal.attention_tflops is not None:
         parts.append(f"attention {cal.attention_tflops:.3f} TFLOPS")

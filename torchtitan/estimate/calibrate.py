@@ -763,6 +763,23 @@ def decode_probe_gib(model_args, depth: int, weight_dtype: str) -> float:
     return (depth * per_block + tables) * 2 / 2**30
 
 
+def decode_probe_refusal(model_args, weight_dtype: str, device) -> str | None:
+    """Why the decode probe cannot run on `device` (None: it can): the weight dtype has no kernel there (int4 outside
+    CUDA), or its deepest model's weights would exceed a quarter of the device's memory."""
+    from torchtitan.errors import UserError
+    from torchtitan.generate.loader import check_quantize
+    from torchtitan.metrics.memory import device_memory_gib
+
+    try:
+        check_quantize(None if weight_dtype == "bfloat16" else weight_dtype, device, torch.bfloat16)
+    except UserError:
+        return f"{weight_dtype} weights have no kernel on {device.type}"
+    gib = decode_probe_gib(model_args, min(max(DECODE_DEPTHS), model_args.n_layers), weight_dtype)
+    if gib > device_memory_gib(device) / 4:
+        return f"its {gib:.1f} GiB of weights exceed a quarter of the {device.type}'s memory"
+    return None
+
+
 def measure_decode_step(
     model_args,
     batch: int,
@@ -781,21 +798,14 @@ def measure_decode_step(
     exceed a quarter of its memory."""
     import statistics
 
-    from torchtitan.errors import UserError
     from torchtitan.generate import generate, make_decode_step, quantize_weights
-    from torchtitan.generate.loader import check_quantize
-    from torchtitan.metrics.memory import device_memory_gib
     from torchtitan.models.llama3 import Transformer
     from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
 
+    if decode_probe_refusal(model_args, weight_dtype, device) is not None:
+        return []
     mode = None if weight_dtype == "bfloat16" else weight_dtype
-    try:
-        check_quantize(mode, device, torch.bfloat16)
-    except UserError:
-        return []
     depths = sorted({min(d, model_args.n_layers) for d in DECODE_DEPTHS})
-    if decode_probe_gib(model_args, depths[-1], weight_dtype) > device_memory_gib(device) / 4:
-        return []
     prompt = max(1, prompt_len + gen_len // 2 - DECODE_PROBE_TOKENS // 2)
     cache_len = prompt + DECODE_PROBE_TOKENS
     out = []
@@ -852,9 +862,8 @@ def calibrate_inference(
             model_args, batch, prompt_len, gen_len, weight_dtype, compile, device, cpu_bf16_fp32_kernels
         )
         if not cal.decode_step_s:
-            cal.notes.append(
-                f"decode step not probed ({weight_dtype} weights on {device.type}): priced by its bytes"
-            )
+            why = decode_probe_refusal(model_args, weight_dtype, device)
+            cal.notes.append(f"decode step not probed ({why}): priced by its bytes")
     return cal
 
 
