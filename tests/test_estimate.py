@@ -1140,6 +1140,9 @@ def test_calibrated_inference_measures_the_rates_generation_reads(tmp_path, caps
     assert [d for d, _ in cal["decode_step_s"]] == [1, 2] and all(t > 0 for _, t in cal["decode_step_s"])
     assert data["decode_measured"]
     assert data["decode_ms_per_token"] == pytest.approx(cal["decode_step_s"][1][1] * 1e3)
+    # and the prefill over the planned prompts, likewise
+    assert [d for d, _ in cal["prefill_s"]] == [1, 2] and data["prefill_measured"]
+    assert data["prefill_ms"] == pytest.approx(cal["prefill_s"][1][1] * 1e3)
     assert set(data["validation"]) == {"decode tokens/s"}
     assert data["validation"]["decode tokens/s"]["scope"] == "every device and layout"
 
@@ -1152,14 +1155,17 @@ def test_decode_step_carried_along_two_depths_or_priced_by_its_bytes():
     probe = [[1, 0.002], [3, 0.004], [1, 0.0022], [3, 0.0038]]  # medians 0.0021 and 0.0039: 0.9 ms a block
     r = estimate_inference(args, hw, 1, 8, 8, measured_decode_gbps=10.0, measured_decode_step=probe)
     assert r["decode_measured"] and r["decode_ms_per_token"] == pytest.approx(2.1 + 0.9 * 5)
+    assert not r["prefill_measured"]  # no prefill points: the prefill is priced
+    pre = estimate_inference(args, hw, 1, 8, 8, measured_prefill=[[1, 0.01], [3, 0.02]])
+    assert pre["prefill_measured"] and pre["prefill_ms"] == pytest.approx(10 + 5 * 5)
     priced = estimate_inference(args, hw, 1, 8, 8, measured_decode_gbps=10.0)
     assert not priced["decode_measured"] and priced["decode_ms_per_token"] != pytest.approx(
         r["decode_ms_per_token"]
     )
     cal = calibrate_inference(args, 1, 1, 8, 8, "int4", seconds=0.05)
     assert (
-        cal.decode_step_s == []
-        and "decode step not probed (int4 weights have no kernel on cpu)" in "; ".join(cal.notes)
+        cal.decode_step_s == cal.prefill_s == []
+        and "generation not probed (int4 weights have no kernel on cpu)" in "; ".join(cal.notes)
     )
     assert cal.decode_gbps > 0
 

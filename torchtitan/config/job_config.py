@@ -442,7 +442,7 @@ class Estimate:
         " instead of the table and default efficiencies; on a CPU whose cores hold the planned world, also time the"
         " trainer's own step and its peak memory on the plan cut to 1 and up to 3 blocks per stage (twice each), whose"
         " lines set the step time and (without PP) the memory; in inference mode instead the GEMM peak, the bandwidth,"
-        " the decode step's matmuls and (without TP) the generator's own decode step at 1 and up to 3 blocks",
+        " the decode step's matmuls and (without TP) the generator's own prefill and decode step at 1 and up to 3 blocks",
     )
     async_tp: bool = opt(
         False,

@@ -45,6 +45,8 @@ def _calibration_line(cal) -> str:
             f"{t * 1e3:.2f} ms with {d} block{'s' if d > 1 else ''}" for d, t in cal.decode_step_s
         )
         parts.append(f"a decode step {steps}")
+    if cal.prefill_s:
+        parts.append("the prefill " + ", ".join(f"{t * 1e3:.1f} ms with {d}" for d, t in cal.prefill_s))
     if cal.loss_ns_per_logit is not None:
         parts.append(f"eager loss {cal.loss_ns_per_logit:.2f} ns/logit")
     if cal.collective_gbps:
@@ -96,6 +98,7 @@ def run(cfg, out=None, argv: list[str] | None = None) -> dict:
             args, hw, est.batch_size, est.prompt_len, est.gen_len, est.weight_dtype,
             cfg.parallelism.tensor_parallel_degree, measured_decode_gbps=calibration.decode_gbps if calibration else None,
             measured_decode_step=calibration.decode_step_s if calibration else None,
+            measured_prefill=calibration.prefill_s if calibration else None,
         )  # fmt: skip
         text = inference_report(result)
     elif est.search:

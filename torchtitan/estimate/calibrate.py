@@ -38,7 +38,7 @@ the first device present, in this process: the square-GEMM peak (prefill), the e
 step's own matmuls -- every linear of a block (its tensor-parallel share) and the head, with the planned batch as
 rows, bf16 weights -- whose weight bytes over their time are the rate decode reads its weights at (on this 2-core VM
 10-30 GB/s by shape against 45 GB/s of elementwise bandwidth), and, without tensor parallelism, this trainer's
-decode step itself (torchtitan.generate, the planned batch, weight dtype and context) at two depths. None of the
+own prefill and decode step (torchtitan.generate, the planned batch, weight dtype and context) at two depths. None of the
 training plan's shapes is built: its batch, sequence and vocabulary are the training config's, which an inference
 command does not set.
 """
@@ -750,7 +750,7 @@ def measure_decode_matmuls(model_args, batch: int, tp: int, device, seconds: flo
     return nbytes / (layers * t_block + t_head) / 1e9
 
 
-DECODE_DEPTHS = (1, 3)  # blocks of the decode probe (measure_decode_step), at most the model's
+DECODE_DEPTHS = (1, 3)  # blocks of the generation probe (measure_generation), at most the model's
 DECODE_PROBE_TOKENS = 8  # tokens each of its generate calls makes
 DECODE_PROBE_CALLS = 3  # its timed generate calls at each depth (after one untimed)
 
@@ -780,7 +780,7 @@ def decode_probe_refusal(model_args, weight_dtype: str, device) -> str | None:
     return None
 
 
-def measure_decode_step(
+def measure_generation(
     model_args,
     batch: int,
     prompt_len: int,
@@ -789,13 +789,13 @@ def measure_decode_step(
     compile: bool,
     device,
     cpu_bf16_fp32_kernels: bool = True,
-) -> list[list]:
-    """This trainer's own decode step (torchtitan.generate: the model's KV cache, its sampling, the weights quantized
+) -> tuple[list[list], list[list]]:
+    """This trainer's own generation (torchtitan.generate: the model's KV cache, its sampling, the weights quantized
     as generation quantizes them) on `device`, with the planned batch and weights and random ones, at the depths of
-    DECODE_DEPTHS: [[n_layers, seconds a step], ...], the median step of DECODE_PROBE_CALLS generate calls whose
-    context centres on prompt_len + gen_len / 2 (the mean context of the planned generation). [] where the probe
-    cannot run here: the weight dtype has no kernel on this device (int4 outside CUDA), or the probe's weights
-    exceed a quarter of its memory."""
+    DECODE_DEPTHS: ([[n_layers, seconds a decode step], ...], [[n_layers, seconds of the prefill], ...]). A decode
+    step is the median step of DECODE_PROBE_CALLS generate calls whose context centres on prompt_len + gen_len / 2
+    (the mean context of the planned generation); the prefill, the median of as many forwards over the planned
+    prompts. ([], []) where the probe cannot run here (decode_probe_refusal)."""
     import statistics
 
     from torchtitan.generate import generate, make_decode_step, quantize_weights
@@ -803,14 +803,14 @@ def measure_decode_step(
     from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
 
     if decode_probe_refusal(model_args, weight_dtype, device) is not None:
-        return []
+        return [], []
     mode = None if weight_dtype == "bfloat16" else weight_dtype
     depths = sorted({min(d, model_args.n_layers) for d in DECODE_DEPTHS})
     prompt = max(1, prompt_len + gen_len // 2 - DECODE_PROBE_TOKENS // 2)
     cache_len = prompt + DECODE_PROBE_TOKENS
-    out = []
+    decode, prefill = [], []
     for depth in depths:
-        args = dataclasses.replace(model_args, n_layers=depth, max_seq_len=max(cache_len, 2))
+        args = dataclasses.replace(model_args, n_layers=depth, max_seq_len=max(cache_len, prompt_len + 1))
         with torch.device("meta"):
             model = Transformer(args)
         model.to_empty(device=device)
@@ -820,16 +820,18 @@ def measure_decode_step(
         quantize_weights(model, mode)
         use_cpu_bf16_kernels(model, device.type, torch.bfloat16, cpu_bf16_fp32_kernels)
         step = make_decode_step(model, compile=compile)
-        prompts = [[1] * prompt for _ in range(batch)]
-        steps = []
-        for call in range(DECODE_PROBE_CALLS + 1):
-            g = generate(model, prompts, DECODE_PROBE_TOKENS, eos_id=-1, decode_step=step, cache_len=cache_len,
-                         static_shapes=compile)  # fmt: skip
-            if call:  # the first call warms up (and compiles)
+        steps, forwards = [], []
+        for call in range(DECODE_PROBE_CALLS + 1):  # the first call of each kind warms up (and compiles)
+            g = generate(model, [[1] * prompt] * batch, DECODE_PROBE_TOKENS, eos_id=-1, decode_step=step,
+                         cache_len=cache_len, static_shapes=compile)  # fmt: skip
+            f = generate(model, [[1] * prompt_len] * batch, 1, eos_id=-1)
+            if call:
                 steps += g.decode_s
-        out.append([depth, statistics.median(steps)])
+                forwards.append(f.prefill_s)
+        decode.append([depth, statistics.median(steps)])
+        prefill.append([depth, statistics.median(forwards)])
         del model, step
-    return out
+    return decode, prefill
 
 
 def calibrate_inference(
@@ -845,8 +847,8 @@ def calibrate_inference(
 ) -> Calibration:
     """The rates an inference estimate reads (inference.py), measured on the first device present in this process:
     the square-GEMM peak (prefill's compute), the elementwise bandwidth, the rate the decode step's own matmuls read
-    their weights at (measure_decode_matmuls), and, without tensor parallelism, this trainer's decode step itself at
-    two depths (measure_decode_step)."""
+    their weights at (measure_decode_matmuls), and, without tensor parallelism, this trainer's own prefill and decode
+    step at two depths (measure_generation)."""
     from torchtitan.metrics.hardware import calibrate_tflops
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -858,12 +860,12 @@ def calibrate_inference(
     threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
     cal.notes = [f"1 process on {device.type}{threads}, the rates inference reads"]
     if tp == 1:
-        cal.decode_step_s = measure_decode_step(
+        cal.decode_step_s, cal.prefill_s = measure_generation(
             model_args, batch, prompt_len, gen_len, weight_dtype, compile, device, cpu_bf16_fp32_kernels
         )
         if not cal.decode_step_s:
             why = decode_probe_refusal(model_args, weight_dtype, device)
-            cal.notes.append(f"decode step not probed ({why}): priced by its bytes")
+            cal.notes.append(f"generation not probed ({why}): priced by its bytes and FLOPs")
     return cal
 
 

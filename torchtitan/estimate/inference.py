@@ -58,15 +58,17 @@ def estimate_inference(
     eff: Efficiency = DEFAULT,
     measured_decode_gbps: float | None = None,
     measured_decode_step: list | None = None,
+    measured_prefill: list | None = None,
 ) -> dict:
     """Latency, throughput and memory of generating `gen_len` tokens after a `prompt_len` prompt, per sequence
     of a batch of `batch`, with weights in `weight_dtype` and `tp`-way tensor parallelism (times in ms).
 
     `measured_decode_gbps` (from --estimate.calibrate: the rate this device's decode matmuls read their bf16 weights
     at, calibrate.measure_decode_matmuls) replaces the datasheet bandwidth times decode_hbm_bf16; quantized weights
-    are read at their default ratio to bf16. `measured_decode_step` ([[n_layers, seconds], ...] from
-    calibrate.measure_decode_step: this trainer's decode step timed on the device with these weights and batch at
-    two depths, at the mean context) replaces the decode step's model, carried to the model's depth."""
+    are read at their default ratio to bf16. `measured_decode_step` and `measured_prefill` ([[n_layers, seconds],
+    ...] from calibrate.measure_generation: this trainer's decode step at the mean context and its prefill over these
+    prompts, timed on the device with these weights and batch at two depths) replace the model of each, carried to
+    the model's depth."""
     for name, v in (("batch_size", batch), ("prompt_len", prompt_len), ("gen_len", gen_len), ("tp", tp)):
         if v < 1:
             raise UserError(f"estimate.{name} = {v} must be >= 1")
@@ -114,6 +116,9 @@ def estimate_inference(
     pre_tokens = batch * prompt_len
     pre_flops = (2 * flop_params * pre_tokens + 2 * L * a.n_heads * a.head_dim * prompt_len * pre_tokens) / tp
     prefill_s = max(pre_flops / peak, (lin_bytes / tp) / hbm) + overhead
+    measured_pre = along_depths(measured_prefill or [], statistics.median, L) if tp == 1 else None
+    if measured_pre is not None:
+        prefill_s = measured_pre
 
     total_s = prefill_s + gen_len * decode_s
     act = pre_tokens * (a.dim + a.ffn_hidden_dim / tp) * 2 * 4 + batch * prompt_len * a.vocab_size / tp * 4
@@ -140,6 +145,7 @@ def estimate_inference(
         "fits": memory + eff.cuda_context_gib * GIB <= hardware.memory_gib * GIB,
         "bandwidth_bound": dec_bytes / hbm >= dec_flops / peak,
         "decode_measured": measured is not None,
+        "prefill_measured": measured_pre is not None,
     }
 
 

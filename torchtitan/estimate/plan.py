@@ -67,9 +67,10 @@ class Calibration:
     # inference: the bf16 weight-read rate of one decode step's own matmuls (every linear of a block, tensor-parallel
     # share, and the head, at the planned batch), bytes of weights over their measured time
     decode_gbps: float | None = None
-    # inference: this trainer's own decode step (torchtitan.generate) timed on the device with the planned batch,
-    # weights and context at two depths, [[n_layers, seconds], ...] (calibrate.measure_decode_step)
+    # inference: this trainer's own decode step and prefill (torchtitan.generate) timed on the device with the planned
+    # batch, weights, prompt and context at two depths, [[n_layers, seconds], ...] (calibrate.measure_generation)
     decode_step_s: list = field(default_factory=list)
+    prefill_s: list = field(default_factory=list)
     collective_gbps: float | None = None  # all-gather / reduce-scatter bus bandwidth between the processes
     # CPU: [kind, processes, bytes, seconds] of each collective alone at two sizes (collectives.ring_time)
     collective_s: list = field(default_factory=list)

@@ -66,7 +66,8 @@ def inference_report(r: dict) -> str:
     lines = [
         f"generation batch {r['batch_size']}, prompt {r['prompt_len']}, {r['gen_len']} new tokens, weights"
         f" {r['weight_dtype']}, tp {r['tp']}",
-        f"prefill    {r['prefill_ms']:.2f} ms",
+        f"prefill    {r['prefill_ms']:.2f} ms"
+        + (" (measured on this device)" if r.get("prefill_measured") else ""),
         f"decode     {r['decode_ms_per_token']:.3f} ms per token ("
         + (
             "measured on this device, carried to the model's depth"
