@@ -755,8 +755,8 @@ DECODE_PROBE_TOKENS = 8  # tokens each of its generate calls makes
 DECODE_PROBE_CALLS = 3  # its timed generate calls at each depth (after one untimed)
 
 
-def decode_probe_gib(model_args, depth: int, weight_dtype: str) -> float:
-    """The decode probe's weights at `depth` blocks (an upper bound: quantized weights counted at bf16 size)."""
+def decode_probe_gib(model_args, depth: int) -> float:
+    """The generation probe's weights at `depth` blocks, in bf16 (an upper bound for quantized weights)."""
     a = model_args
     tables = a.vocab_size * a.dim * (1 if a.tie_embeddings else 2)  # the embedding (and an untied output)
     per_block = (a.num_params() - tables - a.dim) / a.n_layers  # the blocks' parameters, norms included
@@ -774,7 +774,7 @@ def decode_probe_refusal(model_args, weight_dtype: str, device) -> str | None:
         check_quantize(None if weight_dtype == "bfloat16" else weight_dtype, device, torch.bfloat16)
     except UserError:
         return f"{weight_dtype} weights have no kernel on {device.type}"
-    gib = decode_probe_gib(model_args, min(max(DECODE_DEPTHS), model_args.n_layers), weight_dtype)
+    gib = decode_probe_gib(model_args, min(max(DECODE_DEPTHS), model_args.n_layers))
     if gib > device_memory_gib(device) / 4:
         return f"its {gib:.1f} GiB of weights exceed a quarter of the {device.type}'s memory"
     return None
@@ -795,15 +795,13 @@ def measure_generation(
     DECODE_DEPTHS: ([[n_layers, seconds a decode step], ...], [[n_layers, seconds of the prefill], ...]). A decode
     step is the median step of DECODE_PROBE_CALLS generate calls whose context centres on prompt_len + gen_len / 2
     (the mean context of the planned generation); the prefill, the median of as many forwards over the planned
-    prompts. ([], []) where the probe cannot run here (decode_probe_refusal)."""
+    prompts. The caller checks decode_probe_refusal first."""
     import statistics
 
     from torchtitan.generate import generate, make_decode_step, quantize_weights
     from torchtitan.models.llama3 import Transformer
     from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
 
-    if decode_probe_refusal(model_args, weight_dtype, device) is not None:
-        return [], []
     mode = None if weight_dtype == "bfloat16" else weight_dtype
     depths = sorted({min(d, model_args.n_layers) for d in DECODE_DEPTHS})
     prompt = max(1, prompt_len + gen_len // 2 - DECODE_PROBE_TOKENS // 2)
@@ -860,11 +858,12 @@ def calibrate_inference(
     threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
     cal.notes = [f"1 process on {device.type}{threads}, the rates inference reads"]
     if tp == 1:
-        cal.decode_step_s, cal.prefill_s = measure_generation(
-            model_args, batch, prompt_len, gen_len, weight_dtype, compile, device, cpu_bf16_fp32_kernels
-        )
-        if not cal.decode_step_s:
-            why = decode_probe_refusal(model_args, weight_dtype, device)
+        why = decode_probe_refusal(model_args, weight_dtype, device)
+        if why is None:
+            cal.decode_step_s, cal.prefill_s = measure_generation(
+                model_args, batch, prompt_len, gen_len, weight_dtype, compile, device, cpu_bf16_fp32_kernels
+            )
+        else:
             cal.notes.append(f"generation not probed ({why}): priced by its bytes and FLOPs")
     return cal
 
