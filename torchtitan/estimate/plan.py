@@ -111,7 +111,9 @@ def _pick(override, value, what: str):
 def along_depths(points: list, pick, n: int) -> float | None:
     """A figure measured on a model cut to fewer blocks (`points`: [[n_layers, value], ...], a depth possibly
     measured more than once, its values reduced by `pick`) carried along the line through the shallowest and the
-    deepest depth to `n` blocks, the slope never below zero; with one depth, its value only if that depth is `n`."""
+    deepest depth to `n` blocks; with one depth, its value only if that depth is `n`. A step cannot take less time
+    or memory with more blocks: a pair that falls with depth is noise, and the line that fits it best without a
+    negative slope is flat at the pair's mean."""
     if not points:
         return None
     runs: dict[int, list[float]] = {}
@@ -121,7 +123,9 @@ def along_depths(points: list, pick, n: int) -> float | None:
     if len(at) < 2:
         return at[0][1] if at[0][0] == n else None
     (d1, v1), (d2, v2) = at[0], at[-1]
-    return v1 + max(0.0, (v2 - v1) / (d2 - d1)) * (n - d1)
+    if v2 < v1:
+        return (v1 + v2) / 2
+    return v1 + (v2 - v1) / (d2 - d1) * (n - d1)
 
 
 def resolve_hardware(
@@ -446,7 +450,7 @@ class Plan:
         carried along the line through the shallowest and the deepest depth to this plan's number of blocks. A
         stage runs its blocks one after the other and holds each block's weights, states and saved activations,
         while everything else in a step (embedding, head, loss, optimizer's host time, runtime) is the same at
-        every depth: time and resident memory are linear in the blocks; the slope is never taken below zero. None
+        every depth: time and resident memory are linear in the blocks (never falling: along_depths). None
         on GPUs, without a calibration of this very plan (`depth_key`: a search's other layouts), or with one depth
         only unless it is the plan's own."""
         cal = self.calibration
