@@ -1739,3 +1739,24 @@ def test_cpu_offload_is_reported_as_not_priced(tmp_path, capsys):
     assert "(a lower bound: see 'not priced')" in text and "not priced parallelism.fsdp_cpu_offload:" in text
     assert estimate_main(argv) == 0
     assert "not_priced" not in json.loads(out.read_text()) and "not priced" not in capsys.readouterr().out
+
+
+def test_ddp_no_sync_prices_one_all_reduce_per_step():
+    """--estimate.dp_grad_sync=step: pure data parallelism under accumulation all-reduces once, after the last
+    micro-step (DDP's no_sync, nanotron's and Megatron-LM's DDP), where this trainer reduces at every micro-step; the
+    exposed all-reduce and the reduction's buffer copies count once per step. It prices replicas only: with
+    sharding, context or pipeline parallelism it is a one-line error naming the key."""
+    argv = ["--model.flavor=debugmodel", "--estimate.hardware=h100-sxm", "--estimate.num_devices=16",
+            "--parallelism.data_parallel_replicate_degree=16", "--parallelism.data_parallel_shard_degree=1",
+            "--training.local_batch_size=1", "--training.global_batch_size=64"]  # fmt: skip
+    every = estimate_plan(build_plan(parse_args(argv)))
+    once = estimate_plan(build_plan(parse_args([*argv, "--estimate.dp_grad_sync=step"])))
+    exposed = every["step_time_breakdown_s"]["fsdp_comm_exposed"]
+    assert exposed > 0
+    assert once["step_time_breakdown_s"]["fsdp_comm_exposed"] == pytest.approx(exposed / 4)
+    assert once["step_time_breakdown_s"]["compute"] < every["step_time_breakdown_s"]["compute"]  # copies once
+    assert once["memory_gib"] == every["memory_gib"]
+    replicas8 = "--parallelism.data_parallel_replicate_degree=8"
+    for other in ("--parallelism.data_parallel_shard_degree=2", "--parallelism.pipeline_parallel_degree=2"):
+        with pytest.raises(UserError, match="dp_grad_sync"):
+            build_plan(parse_args([*argv, "--estimate.dp_grad_sync=step", replicas8, other]))

@@ -500,6 +500,18 @@ class Estimate:
     inter_node_bandwidth_gbps: float | None = opt(
         None, "override per-device inter-node bandwidth, GB/s per direction"
     )
+    inter_node_busbw_gbps: float | None = opt(
+        None,
+        "the bus bandwidth your cluster measured for a large collective over the job's nodes, every GPU of each"
+        " node in it (nccl-tests' busbw: all_gather_perf for FSDP, all_reduce_perf for DDP), GB/s; replaces the"
+        " rail model (GPUs per node x NIC rate x 0.96) for collectives that cross nodes",
+    )
+    dp_grad_sync: Literal["micro_step", "step"] = opt(
+        "micro_step",
+        "when pure data parallelism (replicas, no sharding) all-reduces gradients under accumulation: every"
+        " micro-step (this trainer) or once per optimizer step after the last (DDP's no_sync, as nanotron and"
+        " Megatron-LM's DDP do: for runs of that software)",
+    )
     batch_size: int = opt(1, "inference: sequences generated together")
     prompt_len: int = opt(128, "inference: prompt tokens per sequence (prefill)")
     gen_len: int = opt(256, "inference: generated tokens per sequence (decode)")

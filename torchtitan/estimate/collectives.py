@@ -23,7 +23,9 @@ busbw  the bus bandwidth nccl-tests reports for large messages.
          one node) x (one NIC's rate x Efficiency.inter_node), never above the intra-node figure. NVIDIA measures
          "192GB/s AllReduce BusBW" on DGX A100 with 8x200 Gb/s InfiniBand (NVIDIA/nccl#812, 2023-03), 0.96 of
          8 x 25 GB/s; ConnectX-7 NICs at NDR "should achieve up to 48-49GB/s per NIC" (NVIDIA/nccl-tests#267,
-         2024-11), 0.97 of 50: Efficiency.inter_node = 0.96.
+         2024-11), 0.97 of 50: Efficiency.inter_node = 0.96. A fabric measured below that (--estimate.
+         inter_node_busbw_gbps, nccl-tests' busbw over the job's nodes) stands in for the rail figure: each GPU's
+         share of it is its rate (steptime.Rates), so a ring holding whole nodes runs at the measured busbw.
 A point-to-point send (pipeline stages) uses one link: NVLink inside a node, the sending GPU's NIC across nodes.
 Overlap is not free: each NCCL channel is one resident thread block, and with NCCL's shared-memory buffers it keeps
 a GEMM tile off its SM, so compute overlapped with a collective runs on (SMs - channels) of the SMs. Channels as

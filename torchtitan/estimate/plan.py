@@ -40,6 +40,7 @@ class Hardware:
     inter_node_gbps: float
     devices_per_node: int
     is_cpu: bool = False
+    inter_node_busbw_gbps: float | None = None  # measured across the job's nodes (replaces the rail model)
     source: str = "table"
     power_limit_w: float | None = (
         None  # run below the part's TDP (torchtitan/estimate/rates.py: power factor)
@@ -185,6 +186,8 @@ def resolve_hardware(
             "memory_gib",
             "hbm_bandwidth_gbps",
             "intra_node_bandwidth_gbps",
+            "inter_node_bandwidth_gbps",
+            "inter_node_busbw_gbps",
             "power_limit_w",
         )
         if getattr(est, k, None) is not None
@@ -204,6 +207,7 @@ def resolve_hardware(
         devices_per_node=int(per_node),
         is_cpu=is_cpu,
         source=source,
+        inter_node_busbw_gbps=_pick(est.inter_node_busbw_gbps, None, "inter_node_busbw_gbps"),
         power_limit_w=_pick(getattr(est, "power_limit_w", None), None, "power_limit_w"),
     )
 
@@ -487,6 +491,12 @@ def build_plan(
     args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims = ParallelDims.from_config(cfg.parallelism, est.num_devices)
     dims.validate(args, cfg, "cpu" if hw.is_cpu else "cuda")
+    if est.dp_grad_sync == "step" and (dims.dp_shard * dims.cp > 1 or dims.pp_enabled):
+        raise UserError(
+            "estimate.dp_grad_sync = 'step' prices DDP's no_sync, pure data parallelism: it needs"
+            f" data_parallel_shard_degree, context_parallel_degree and pipeline_parallel_degree of 1 (got"
+            f" {dims.dp_shard}, {dims.cp}, {dims.pp}); valid: micro_step"
+        )
     pp_plan = None
     if dims.pp_enabled:
         pp_plan = plan_pipeline(

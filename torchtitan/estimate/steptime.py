@@ -82,6 +82,8 @@ class Rates:
         self.hbm = hw.hbm_gbps * 1e9 * eff.hbm
         self.intra = hw.intra_node_gbps * 1e9 * collectives.intra_fraction(hw.name, eff.intra_node)
         self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
+        if hw.inter_node_busbw_gbps:  # measured for full nodes: each GPU's share of it (collectives.busbw)
+            self.inter = hw.inter_node_busbw_gbps * 1e9 / hw.devices_per_node
         self.attn_measured = None
         self.loss_per_logit = None  # seconds per logit of the eager loss, where calibrated
         self.head_dim = plan.args.head_dim
@@ -805,6 +807,10 @@ def training_step_time(plan: Plan) -> dict:
     passes = m * plan.accum  # forward+backward passes per optimizer step on each stage chunk
     # the rank with the most work sets the pace
     steps = plan.accum  # FSDP gathers and reduces once per micro-step (PP: once per schedule step)
+    if (
+        plan.cfg.estimate.dp_grad_sync == "step"
+    ):  # DDP's no_sync: the replicas' all-reduce after the last only
+        steps = 1
     # FSDP2's copies, spread over the passes they serve (under PP they also sit in the schedule's fill and drain)
     copies = [fsdp_copies(plan, r, i) * steps / passes for i in range(len(per_rank))]
     busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) + c for x, c in zip(per_rank, copies)]
