@@ -765,7 +765,7 @@ def decode_probe_gib(model_args, depth: int) -> float:
 
 def decode_probe_refusal(model_args, weight_dtype: str, device) -> str | None:
     """Why the decode probe cannot run on `device` (None: it can): the weight dtype has no kernel there (int4 outside
-    CUDA), or its deepest model's weights would exceed a quarter of the device's memory."""
+    CUDA), or its models' weights (every depth, held together) would exceed a quarter of the device's memory."""
     from torchtitan.errors import UserError
     from torchtitan.generate.loader import check_quantize
     from torchtitan.metrics.memory import device_memory_gib
@@ -774,7 +774,7 @@ def decode_probe_refusal(model_args, weight_dtype: str, device) -> str | None:
         check_quantize(None if weight_dtype == "bfloat16" else weight_dtype, device, torch.bfloat16)
     except UserError:
         return f"{weight_dtype} weights have no kernel on {device.type}"
-    gib = decode_probe_gib(model_args, min(max(DECODE_DEPTHS), model_args.n_layers))
+    gib = sum(decode_probe_gib(model_args, d) for d in {min(d, model_args.n_layers) for d in DECODE_DEPTHS})
     if gib > device_memory_gib(device) / 4:
         return f"its {gib:.1f} GiB of weights exceed a quarter of the {device.type}'s memory"
     return None
@@ -795,7 +795,7 @@ def measure_generation(
     DECODE_DEPTHS: ([[n_layers, seconds a decode step], ...], [[n_layers, seconds of the prefill], ...]). A decode
     step is the median step of DECODE_PROBE_CALLS generate calls whose context centres on prompt_len + gen_len / 2
     (the mean context of the planned generation); the prefill, the median of as many forwards over the planned
-    prompts. The caller checks decode_probe_refusal first."""
+    prompts. The depths' models are held together and timed in turn. The caller checks decode_probe_refusal first."""
     import statistics
 
     from torchtitan.generate import generate, make_decode_step, quantize_weights
@@ -806,7 +806,7 @@ def measure_generation(
     depths = sorted({min(d, model_args.n_layers) for d in DECODE_DEPTHS})
     prompt = max(1, prompt_len + gen_len // 2 - DECODE_PROBE_TOKENS // 2)
     cache_len = prompt + DECODE_PROBE_TOKENS
-    decode, prefill = [], []
+    models, steps, forwards = [], {d: [] for d in depths}, {d: [] for d in depths}
     for depth in depths:
         args = dataclasses.replace(model_args, n_layers=depth, max_seq_len=max(cache_len, prompt_len + 1))
         with torch.device("meta"):
@@ -817,18 +817,19 @@ def measure_generation(
         model = model.to(torch.bfloat16).eval().requires_grad_(False)
         quantize_weights(model, mode)
         use_cpu_bf16_kernels(model, device.type, torch.bfloat16, cpu_bf16_fp32_kernels)
-        step = make_decode_step(model, compile=compile)
-        steps, forwards = [], []
-        for call in range(DECODE_PROBE_CALLS + 1):  # the first call of each kind warms up (and compiles)
+        models.append((depth, model, make_decode_step(model, compile=compile)))
+    # the depths in turn, call by call (as the training probe does): a host that slows for a while slows both
+    for call in range(DECODE_PROBE_CALLS + 1):  # the first call of each kind warms up (and compiles)
+        for depth, model, step in models:
             g = generate(model, [[1] * prompt] * batch, DECODE_PROBE_TOKENS, eos_id=-1, decode_step=step,
                          cache_len=cache_len, static_shapes=compile)  # fmt: skip
             f = generate(model, [[1] * prompt_len] * batch, 1, eos_id=-1)
             if call:
-                steps += g.decode_s
-                forwards.append(f.prefill_s)
-        decode.append([depth, statistics.median(steps)])
-        prefill.append([depth, statistics.median(forwards)])
-        del model, step
+                steps[depth] += g.decode_s
+                forwards[depth].append(f.prefill_s)
+    decode = [[d, statistics.median(steps[d])] for d in depths]
+    prefill = [[d, statistics.median(forwards[d])] for d in depths]
+    del models
     return decode, prefill
 
 
