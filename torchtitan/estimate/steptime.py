@@ -806,11 +806,9 @@ def training_step_time(plan: Plan) -> dict:
     m = plan.n_microbatches
     passes = m * plan.accum  # forward+backward passes per optimizer step on each stage chunk
     # the rank with the most work sets the pace
-    steps = plan.accum  # FSDP gathers and reduces once per micro-step (PP: once per schedule step)
-    if (
-        plan.cfg.estimate.dp_grad_sync == "step"
-    ):  # DDP's no_sync: the replicas' all-reduce after the last only
-        steps = 1
+    # FSDP gathers and reduces once per micro-step (PP: once per schedule step); under DDP's no_sync
+    # (estimate.dp_grad_sync=step) the replicas all-reduce after the last micro-step only
+    steps = 1 if plan.cfg.estimate.dp_grad_sync == "step" else plan.accum
     # FSDP2's copies, spread over the passes they serve (under PP they also sit in the schedule's fill and drain)
     copies = [fsdp_copies(plan, r, i) * steps / passes for i in range(len(per_rank))]
     busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) + c for x, c in zip(per_rank, copies)]
