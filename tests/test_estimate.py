@@ -1140,8 +1140,8 @@ def test_calibrated_inference_measures_the_rates_generation_reads(tmp_path, caps
     assert [d for d, _ in cal["decode_step_s"]] == [1, 2] and all(t > 0 for _, t in cal["decode_step_s"])
     assert [d for d, _ in cal["prefill_s"]] == [1, 2] and data["decode_measured"] and data["prefill_measured"]
     # the decode step and the prefill over the planned prompts: the line through the two depths at the model's 2
-    # blocks, i.e. the 2-block figure, or the pair's mean where noise had the 1-block figure slower (on CI: decode
-    # 97.7 ms at 1 block and 84.9 at 2; prefill 266 and 75, when each depth was timed in one stretch)
+    # blocks, i.e. the 2-block figure, or the pair's mean where noise had the 1-block figure slower (on busy hosts,
+    # when each depth was timed in one stretch: decode 97.7 ms at 1 block and 84.9 at 2 on CI, prefill 266 and 75)
     for (_, t1), (_, t2), got in (
         (*cal["decode_step_s"], "decode_ms_per_token"),
         (*cal["prefill_s"], "prefill_ms"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from torchtitan.config import parse_args
+from torchtitan.errors import UserError
 from torchtitan.estimate import collectives
 from torchtitan.estimate.plan import build_plan
 
@@ -123,20 +124,13 @@ def test_a_measured_cross_node_busbw_replaces_the_rail_model():
     84.7 GB/s on 16 nodes, where 8 NICs at 400 Gb/s give the rail model 360 (ultrascale_playbook_1b_ddp's rows)."""
     from torchtitan.estimate.steptime import Rates
 
-    cfg = parse_args(
-        [
-            "--model.flavor=debugmodel",
-            "--estimate.hardware=h100-sxm",
-            "--estimate.num_devices=128",
-            "--estimate.inter_node_busbw_gbps=84.7",
-        ]  # fmt: skip
-    )
-    plan = build_plan(cfg)
+    argv = ["--model.flavor=debugmodel", "--estimate.hardware=h100-sxm", "--estimate.num_devices=128"]
+    plan = build_plan(parse_args([*argv, "--estimate.inter_node_busbw_gbps=84.7"]))
     assert plan.hw.inter_node_busbw_gbps == 84.7 and "inter_node_busbw_gbps" in plan.hw.source
     r = Rates(plan)
     assert collectives.busbw(plan, r.intra, r.inter, 128, 1) == pytest.approx(84.7e9)
     assert collectives.busbw(plan, r.intra, r.inter, 32, 4) == pytest.approx(84.7e9 / 4)  # 2 ranks a node
     assert collectives.busbw(plan, r.intra, r.inter, 8, 1) == r.intra  # one node: NVLink
     assert collectives.busbw(H100, NVL, NIC, 128, 1) == pytest.approx(NVL)  # without it: the rail model
-    with pytest.raises(Exception, match="inter_node_busbw_gbps"):
-        build_plan(parse_args(["--model.flavor=debugmodel", "--estimate.inter_node_busbw_gbps=0"]))
+    with pytest.raises(UserError, match="inter_node_busbw_gbps"):
+        build_plan(parse_args([*argv, "--estimate.inter_node_busbw_gbps=0"]))
