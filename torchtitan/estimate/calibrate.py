@@ -755,6 +755,11 @@ DECODE_PROBE_TOKENS = 8  # tokens each of its generate calls makes
 DECODE_PROBE_CALLS = 3  # its timed generate calls at each depth (after one untimed)
 
 
+def decode_probe_depths(model_args) -> list[int]:
+    """The depths the generation probe cuts the model to: DECODE_DEPTHS, each at most the model's."""
+    return sorted({min(d, model_args.n_layers) for d in DECODE_DEPTHS})
+
+
 def decode_probe_gib(model_args, depth: int) -> float:
     """The generation probe's weights at `depth` blocks, in bf16 (an upper bound for quantized weights)."""
     a = model_args
@@ -774,7 +779,7 @@ def decode_probe_refusal(model_args, weight_dtype: str, device) -> str | None:
         check_quantize(None if weight_dtype == "bfloat16" else weight_dtype, device, torch.bfloat16)
     except UserError:
         return f"{weight_dtype} weights have no kernel on {device.type}"
-    gib = sum(decode_probe_gib(model_args, d) for d in {min(d, model_args.n_layers) for d in DECODE_DEPTHS})
+    gib = sum(decode_probe_gib(model_args, d) for d in decode_probe_depths(model_args))
     if gib > device_memory_gib(device) / 4:
         return f"its {gib:.1f} GiB of weights exceed a quarter of the {device.type}'s memory"
     return None
@@ -803,7 +808,7 @@ def measure_generation(
     from torchtitan.parallel.cpu_bf16 import use_cpu_bf16_kernels
 
     mode = None if weight_dtype == "bfloat16" else weight_dtype
-    depths = sorted({min(d, model_args.n_layers) for d in DECODE_DEPTHS})
+    depths = decode_probe_depths(model_args)
     prompt = max(1, prompt_len + gen_len // 2 - DECODE_PROBE_TOKENS // 2)
     cache_len = prompt + DECODE_PROBE_TOKENS
     models, steps, forwards = [], {d: [] for d in depths}, {d: [] for d in depths}
