@@ -377,6 +377,13 @@ _CPU_HELDOUT5_STEP = (
     " (docs/estimate_log.md, 'CPU peak memory measured at two depths: the held-out results'); measured again in"
     " session 29 on the Zen 5 host: -5.3 %"
 )
+_CPU_HELDOUT11_STEP = _CPU_DEPTHS + (
+    ": the debug model widened to dim 2048 with 2 layers, fp32, one process at 1 x 128 (ours_cpu_heldout11, session 41,"
+    " an AMD EPYC host without bf16 instructions): 1.94 s measured (runs 1.93, 1.94, 2.45), 2.43 estimated (+25.6 %)."
+    " The model has two blocks, so the probe's two-block runs are this configuration itself: they timed 2.50 and 2.36 s"
+    " minutes after the trainer's runs, as slow as the third run. A fourth trainer run after the estimate (not a row)"
+    " gave 2.17 s, its steps 1.93-3.05 s: the host's speed, not the line through the depths, set the difference"
+)
 _MI355X_CVS = (
     "ROCm/cvs's torchtitan Llama 3.3 70B on 8 MI355X, TP 4 x FSDP 2, 16 micro-steps of 1 x 8192, every second block"
     " checkpointed, eager (seventeenth pass, out of sample: +28.6 % as it came; +28.2 % since the MI355X's attention"
@@ -554,6 +561,7 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("cpu_large_2proc_fsdp_full_ac_b4_s22", "max RSS GiB"): _CPU_HELDOUT2_MEM,
     ("cpu_large_2proc_fsdp_b1_s1024_s24", "max RSS GiB"): _CPU_HELDOUT4_MEM,
     ("cpu_large_2proc_ddp_full_ac_b4_s24", "step time s"): _CPU_HELDOUT5_STEP,
+    ("cpu_w2048l2_1proc_fp32_b1_s128_s41", "step time s"): _CPU_HELDOUT11_STEP,
     ("h100_olmocore_llama8b_fsdp8_compile_float8", "tokens/s/device"): _OLMOCORE,
     ("h100_smol_playbook_1b_ddp8_nanotron", "tokens/s/device"): _SMOL_1B,
     ("a100_40gb_tinyllama_fsdp8_b4_none_eager_litgpt_thunder", "tokens/s/device"): _LITGPT_THUNDER_EAGER,
