@@ -377,10 +377,11 @@ _CPU_HELDOUT5_STEP = (
     " (docs/estimate_log.md, 'CPU peak memory measured at two depths: the held-out results'); measured again in"
     " session 29 on the Zen 5 host: -5.3 %"
 )
-_CPU_HELDOUT11_STEP = _CPU_DEPTHS + (
-    ": the debug model widened to dim 2048 with 2 layers, fp32, one process at 1 x 128 (ours_cpu_heldout11, session 41,"
-    " an AMD EPYC host without bf16 instructions): 1.94 s measured (runs 1.93, 1.94, 2.45), 2.43 estimated (+25.6 %)."
-    " The model has two blocks, so the probe's two-block runs are this configuration itself: they timed 2.50 and 2.36 s"
+_CPU_HELDOUT11_STEP = (
+    "the debug model widened to dim 2048 with 2 layers, fp32, one process at 1 x 128 (ours_cpu_heldout11, session 41,"
+    " an AMD EPYC host without bf16 instructions): 1.94 s measured (runs 1.93, 1.94, 2.45), 2.43 estimated (+25.6 %),"
+    " the line through the calibration's probe at one and two blocks (steptime.measured_step). The model has two"
+    " blocks, so the probe's two-block runs are this configuration itself: they timed 2.50 and 2.36 s"
     " minutes after the trainer's runs, as slow as the third run. A fourth trainer run after the estimate (not a row)"
     " gave 2.17 s, its steps 1.93-3.05 s: the host's speed, not the line through the depths, set the difference"
 )
