@@ -246,6 +246,9 @@ def test_anchoring_on_a_similar_published_run_beats_none_and_any_other():
         f" {med(base) * 100:.2f} % unanchored"
     )
     assert stated in docs, f"docs/estimate.md should state: {stated}"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    summary = f"error from {med(base) * 100:.1f} % to {med(p['error'] for p in similar) * 100:.1f} %"
+    assert summary in readme, f"README.md should state: {summary}"
 
 
 def test_anchoring_memory_on_a_published_run_of_the_same_kind():

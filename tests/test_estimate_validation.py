@@ -1088,6 +1088,41 @@ def test_blackwell_ultra_rates_reproduce_their_sources():
     assert rates.power_factor("B300", 1100.0) == 1.0 and rates.power_factor("GB300", 1200.0) < 1.0
 
 
+def test_blackwell_non_causal_attention_is_its_measured_ratio_over_causal():
+    """Non-causal cuDNN attention on a Blackwell part (context parallelism's ring steps) is the causal rate in use
+    times the no-mask / causal ratio cuDNN 9.19 measured on the part's silicon (cudnn-frontend df73764: GB200 for the
+    B200 and GB200, GB300 for the B300 and GB300), the 2K ratio below 2K and the 32K one above; causal attention and
+    every other part are unchanged."""
+    from torchtitan.estimate import rates
+
+    measured = {  # (seq, forward no-mask / causal, backward no-mask / causal)
+        "GB200": (
+            (2048, 1245 / 1042, 1089 / 836),
+            (8192, 1709 / 1598, 1409 / 1311),
+            (32768, 1781 / 1720, 1501 / 1473),
+        ),
+        "GB300": (
+            (2048, 1568 / 1266, 1168 / 906),
+            (8192, 1930 / 1887, 1501 / 1385),
+            (32768, 1880 / 2014, 1555 / 1549),
+        ),
+    }
+    for silicon, twin in (("GB200", "B200"), ("GB300", "B300")):
+        first, last = measured[silicon][0], measured[silicon][-1]
+        points = (*measured[silicon], (512, *first[1:]), (131072, *last[1:]))  # constant outside 2K .. 32K
+        for device in (silicon, twin):
+            for seq, fwd, bwd in points:
+                for backward, ratio in ((False, fwd), (True, bwd)):
+                    nc = rates.attention_fraction(device, seq, backward, causal=False)
+                    c = rates.attention_fraction(device, seq, backward, causal=True)
+                    assert nc / c == pytest.approx(ratio, rel=1e-9), (device, seq, backward)
+    # FlashAttention-2 on a Blackwell part and cuDNN on Hopper keep their own measured non-causal curves
+    b200_fa2 = 2250.0 * rates.attention_fraction("B200", 2048, False, causal=False, backend="flash")
+    assert b200_fa2 == pytest.approx(rates._h100_tflops(2048, False, False), rel=1e-9)
+    h100_cudnn = 989.0 * rates.attention_fraction("H100 SXM", 2048, False, causal=False)
+    assert h100_cudnn == pytest.approx(rates._hopper_tflops(2048, False, False, 128, "cudnn"), rel=1e-9)
+
+
 def test_mi355x_rates_reproduce_their_measurements():
     """MI355X: HipKittens' torch.matmul bf16 and hipBLASLt FP8 figures at 8192^3 (1,521.3 / 3,233.2 TFLOPS) and its
     torch SDPA baselines by sequence length (causal and not, forward and backward); FlashAttention-kind backend (no

@@ -615,8 +615,9 @@ def fwd_bwd_tflops(tflops_at, seq: float) -> float:
 # torch SDPA with the cuDNN backend (`pyt_cudnn`), bf16, head dim 128, causal, batch 1, 128 query / 8 KV heads,
 # TFLOPS on the causal-halved FLOPs (backward 2.5x the forward's), as the estimator counts them. Its 128 heads give a
 # call 4x the work of Llama 3 8B's 32 heads at the same length (at 8K the optimistic reading), and batch 1 leaves
-# short sequences launch-bound (there it reads low). Non-causal attention is priced at these causal rates (no
-# non-causal figure was published).
+# short sequences launch-bound (there it reads low). No non-causal figure was published with it: non-causal attention
+# (context parallelism's ring steps) is priced at these causal rates times the non-causal / causal ratio measured
+# with one cuDNN on the part's own silicon (CUDNN919_*_NO_MASK below).
 B200_ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 B200_CUDNN_FWD = (66.28, 216.11, 525.475, 897.309, 1211.14, 1358.566, 1435.072, 1428.973, 1348.674)
 B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387, 1074.456, 1037.897)
@@ -635,11 +636,21 @@ B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387,
 # backward at 8K): the ratio carries the hardware's gain, the Blackwell curve the software era the estimator prices
 # (cuDNN 9.10.2 there; GB200 at its own 9.19 curve, a what-if, would price the GB200 rows 5-6 points faster:
 # docs/estimate_log.md). The B300 takes the GB300's ratio (the same die; no HGX B300 measurement was found).
+# The same two files time each length without a mask too ("no_mask", the same graph API and heads): non-causal
+# attention runs faster per FLOP than causal at short lengths (GB200: x 1.19 forward, x 1.30 backward at 2K; x 1.04 /
+# 1.02 at 32K), as FlashAttention-2's non-causal kernels do on an H100 (x 1.21 forward at 2K, head dim 64, above):
+# causal tiles along the diagonal do masked work, and a query tile's K loop is half as long on average. A non-causal
+# call on a Blackwell part is priced at its causal rate in use times its own silicon's ratio at that length (the
+# GB200's for the B200 and GB200, the GB300's for the B300 and GB300), constant outside the measured lengths.
 BLACKWELL_ULTRA_SEQ = (2048, 4096, 8192, 16384, 32768)
 CUDNN919_GB200_FWD_CAUSAL = (1042.0, 1335.0, 1598.0, 1687.0, 1720.0)
 CUDNN919_GB200_BWD_CAUSAL = (836.0, 1132.0, 1311.0, 1402.0, 1473.0)
 CUDNN919_GB300_FWD_CAUSAL = (1266.0, 1672.0, 1887.0, 1968.0, 2014.0)
 CUDNN919_GB300_BWD_CAUSAL = (906.0, 1195.0, 1385.0, 1490.0, 1549.0)
+CUDNN919_GB200_FWD_NO_MASK = (1245.0, 1593.0, 1709.0, 1769.0, 1781.0)
+CUDNN919_GB200_BWD_NO_MASK = (1089.0, 1287.0, 1409.0, 1455.0, 1501.0)
+CUDNN919_GB300_FWD_NO_MASK = (1568.0, 1872.0, 1930.0, 1992.0, 1880.0)
+CUDNN919_GB300_BWD_NO_MASK = (1168.0, 1353.0, 1501.0, 1559.0, 1555.0)
 BLACKWELL_ULTRA_DEVICES = ("B300", "GB300")
 BLACKWELL_ATTENTION_DEVICES = ("B200", "GB200", *BLACKWELL_ULTRA_DEVICES)
 
@@ -652,6 +663,21 @@ def blackwell_ultra_attention_gain(seq: float, backward: bool) -> float:
     else:
         ultra, base = CUDNN919_GB300_FWD_CAUSAL, CUDNN919_GB200_FWD_CAUSAL
     return _interp_on(seq, BLACKWELL_ULTRA_SEQ, ultra) / _interp_on(seq, BLACKWELL_ULTRA_SEQ, base)
+
+
+def blackwell_non_causal_ratio(device: str, seq: float, backward: bool) -> float:
+    """Non-causal / causal cuDNN attention TFLOPS at this length on a Blackwell part (cuDNN 9.19, the GB200's
+    measurement for the B200 and GB200, the GB300's for the B300 and GB300): constant below and above the measured
+    lengths."""
+    ultra = silicon(device) in BLACKWELL_ULTRA_DEVICES
+    curves = {
+        (False, False): (CUDNN919_GB200_FWD_NO_MASK, CUDNN919_GB200_FWD_CAUSAL),
+        (False, True): (CUDNN919_GB200_BWD_NO_MASK, CUDNN919_GB200_BWD_CAUSAL),
+        (True, False): (CUDNN919_GB300_FWD_NO_MASK, CUDNN919_GB300_FWD_CAUSAL),
+        (True, True): (CUDNN919_GB300_BWD_NO_MASK, CUDNN919_GB300_BWD_CAUSAL),
+    }
+    no_mask, causal = curves[(ultra, backward)]
+    return _interp_on(seq, BLACKWELL_ULTRA_SEQ, no_mask) / _interp_on(seq, BLACKWELL_ULTRA_SEQ, causal)
 
 
 def attention_sustained_factor(device: str) -> float:
@@ -686,6 +712,8 @@ def attention_fraction(
             tflops = _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD)
             if device in BLACKWELL_ULTRA_DEVICES:
                 tflops *= blackwell_ultra_attention_gain(seq, backward)
+            if not causal:
+                tflops *= blackwell_non_causal_ratio(device, seq, backward)
             return tflops / peak
         return _h100_tflops(seq, backward, causal) / peak  # FA2's mma.sync kernels: about the H100's TFLOPS
     if device in HOPPER_ATTENTION_DEVICES:
