@@ -1031,15 +1031,17 @@ def test_b200_rates_reproduce_their_measurements():
 
 
 def test_gb200_rates_reproduce_their_measurement():
-    """The GB200's float8 GEMM at 8192^3 is Azure's cuBLASLt measurement (2,876.6 TFLOPS), bf16 that times the B200
-    MAMFs' bf16 / FP8 ratio; the same method's H100 / H200 figures at 8192^3 (1,290.1 / 1,300.6) are within 1 % of
+    """The GB200's float8 GEMM at 8192^3 is Azure's cuBLASLt measurement (2,876.6 TFLOPS), bf16 that times the GB200's
+    own MAMFs' bf16 / FP8 ratio (1,822.0 / 3,615.6; the B200's pair is within 1 %); the same method's H100 / H200 figures at 8192^3 (1,290.1 / 1,300.6) are within 1 % of
     the Hopper float8 rate here, which is what makes the GB200 figure usable as a sustained rate. Attention runs at
     the B200's measured TFLOPS (not scaled by the datasheets' 2,500 / 2,250), cuDNN first (sm100)."""
     from torchtitan.estimate import rates
 
     assert 5000.0 * rates.gemm_efficiency("GB200", "fp8", 8192, 8192, 8192) == pytest.approx(2876.6, rel=1e-9)
     bf16 = 2500.0 * rates.gemm_efficiency("GB200", "bf16", 8192, 8192, 8192)
-    assert bf16 == pytest.approx(2876.6 * 1745.0 / 3432.5, rel=1e-9)
+    assert bf16 == pytest.approx(2876.6 * 1822.0 / 3615.6, rel=1e-9)
+    assert 1822.0 / 3615.6 == pytest.approx(1745.0 / 3432.5, rel=0.01)  # one die, one shape search: B200's ratio
+    assert 3615.6 / 2876.6 == pytest.approx(1745.0 / 1420.0, rel=0.03)  # MAMF / sustained, as the B200's bf16
     # above the B200's measured rate, below the datasheets' ratio
     assert 1420.0 < bf16 < 1420.0 * 2500.0 / 2250.0
     hopper_fp8_8192 = 1978.0 * rates.gemm_efficiency("H100 SXM", "fp8", 8192, 8192, 8192)
@@ -1054,16 +1056,17 @@ def test_gb200_rates_reproduce_their_measurement():
 
 
 def test_blackwell_ultra_rates_reproduce_their_sources():
-    """GB300: Azure's cuBLASLt FP8 figure at 8192^3 (3,286.3 TFLOPS), bf16 by the GB200's rule; B300: the B200's rates
-    raised by the power rule to 1,100 W (its MAMFs are the B200's), the rule predicting the GB200 -> GB300 gain within
-    3 % of Azure's two measurements. Attention: the Blackwell curve times the GB300 / GB200 ratio measured with cuDNN
-    9.19 (cudnn-frontend df73764) at each length, constant outside the measured lengths; cuDNN first (sm103)."""
+    """GB300: Azure's cuBLASLt FP8 figure at 8192^3 (3,286.3 TFLOPS), bf16 by its die's MAMF ratio (the B300's: no
+    GB300 MAMF is published); B300: the B200's rates raised by the power rule to 1,100 W (its MAMFs are the B200's),
+    the rule predicting the GB200 -> GB300 gain within 3 % of Azure's two measurements. Attention: the Blackwell
+    curve times the GB300 / GB200 ratio measured with cuDNN 9.19 (cudnn-frontend df73764) at each length, constant
+    outside the measured lengths; cuDNN first (sm103)."""
     from torchtitan.estimate import rates
 
     at_8192 = (8192, 8192, 8192)
     assert 5000.0 * rates.gemm_efficiency("GB300", "fp8", *at_8192) == pytest.approx(3286.3, rel=1e-9)
     assert 2500.0 * rates.gemm_efficiency("GB300", "bf16", *at_8192) == pytest.approx(
-        3286.3 * 1745.0 / 3432.5
+        3286.3 * 1769.0 / 3353.3
     )
     gain = (1100.0 / 1000.0) ** rates.POWER_EXPONENT
     for dtype in ("bf16", "fp8"):

@@ -36,6 +36,10 @@ from dataclasses import dataclass
 #         B200 SXM 1745.0 (1792x16128x3072), MI300X 668.4 (10240x15360x8192, tunableop).
 #   FP8 (float8_e4m3fn, torch._scaled_mm tensorwise): H100 SXM 1402.6 (1024x9216x14336), H200 SXM 1453.4
 #         (1280x4096x12032), B200 SXM 3432.5 (15360x4096x3072).
+#   Blackwell pairs (bf16, FP8), the same shape search with the dtype the only change: B200 SXM 1745.0 / 3432.5
+#         (torch 2.7.1+cu128), GB200 SXM 1822.0 (4096x9728x2048) / 3615.6 (19456x5120x1536) (torch
+#         2.10.0.dev20250916+cu130; in the table since 68cd2e5, 2025-09-17), B300 SXM 1769.0 (12288x18432x1024) /
+#         3353.3 (3072x6144x7168) (torch 2.9.1+cu130).
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,8 @@ class GemmSource:
 
 
 B200_MAMF_BF16, B200_MAMF_FP8 = 1745.0, 3432.5
-# Blackwell's bf16 / FP8 rate ratio: the B200's two MAMFs, the same shape search with the dtype the only change
-# (the GB200's and GB300's bf16 rates from their measured FP8 ones, below)
-BLACKWELL_BF16_PER_FP8 = B200_MAMF_BF16 / B200_MAMF_FP8
+GB200_MAMF_BF16, GB200_MAMF_FP8 = 1822.0, 3615.6
+B300_MAMF_BF16, B300_MAMF_FP8 = 1769.0, 3353.3
 GEMM_SOURCES: dict[str, GemmSource] = {
     "A100": GemmSource(271.2, None, (1024, 10240, 5120), 312.0, None, 108, 400.0),
     "H100 SXM": GemmSource(794.5, 1402.6, (2048, 2048, 13312), 989.0, 1978.0, 132, 700.0),
@@ -189,13 +192,15 @@ GEMM_SOURCES["B200"] = dataclasses.replace(GEMM_SOURCES["B200"], bf16_tflops=B20
 # TFLOPS at 8192^3 (2895.6 at 6144x12288x12288, 2906.9 at 16384^3; 2624.5 at 8192^3 in the guide's earlier run on
 # driver 570.99). The method measures what the rates here mean: on its ND H100 v5 and ND H200 v5 (700 W) it gives
 # 1290.1 / 1300.6 TFLOPS at 8192^3 and 1351.4 / 1318.0 at 6144x12288x12288, where this file's Hopper float8 rate
-# (the MSMF below) gives 1296 and 1330. No GB200 bf16 GEMM figure was found: bf16 is the FP8 figure times the
-# Blackwell bf16 / FP8 ratio of the B200's two MAMFs (1745.0 / 3432.5: the same shape search, the dtype the only
-# change), 1462 TFLOPS at 8192^3, 3 % above the B200's measured 1420 there (not the datasheets' 11 %: 2,500 vs
-# 2,250 TFLOPS). Both figures are referred to 8192^3, the shape measured. SMs: the B200's 148 (NVIDIA publishes no
-# count for the GB200; an assumption).
+# (the MSMF below) gives 1296 and 1330. No sustained GB200 bf16 GEMM figure was found: bf16 is the FP8 figure times
+# the GB200's own bf16 / FP8 ratio of its two MAMFs (1822.0 / 3615.6, above: one shape search, the dtype the only
+# change; the B200's pair gives 1745.0 / 3432.5, 0.9 % higher, which this used until 2026-12-02), 1450 TFLOPS at
+# 8192^3, 2 % above the B200's measured 1420 there (not the datasheets' 11 %: 2,500 vs 2,250 TFLOPS). The GB200's
+# MAMFs themselves are bursts of a shape search: the FP8 one is 1.26x Azure's sustained 8192^3 figure, as the
+# B200's bf16 MAMF is 1.23x its measured 8192^3 rate. Both figures are referred to 8192^3, the shape measured.
+# SMs: the B200's 148 (NVIDIA publishes no count for the GB200; an assumption).
 GB200_FP8_8192 = 2876.6
-GB200_BF16_8192 = GB200_FP8_8192 * BLACKWELL_BF16_PER_FP8
+GB200_BF16_8192 = GB200_FP8_8192 * GB200_MAMF_BF16 / GB200_MAMF_FP8
 GEMM_SOURCES["GB200"] = GemmSource(
     GB200_BF16_8192, GB200_FP8_8192, (8192, 8192, 8192), 2500.0, 5000.0, 148, 1200.0
 )
@@ -269,16 +274,16 @@ POWER_EXPONENT = power_exponent()
 # 1,200). GB300: the Azure guide's method on its ND GB300 v6 (egmsft/AI-benchmarking-guide 18e80a2,
 # Azure_Results/ND_GB300_v6_results.md: CUDA 13.0, driver 580.82.07; cuBLASLt FP8, random inputs, 10,000 warm-ups)
 # gives 3286.3 TFLOPS at 8192^3 (3308.5 at 16384^3, 3279.5 at 6144x12288x12288), 1.142x the GB200's 2876.6; bf16 by
-# the same Blackwell ratio as the GB200's. B300: no sustained GEMM figure was found (its MAMFs, bf16 1769.0 at
+# the bf16 / FP8 ratio of its die's MAMFs, the B300's (1769.0 / 3353.3: no GB300 MAMF is published; the B200's pair
+# until 2026-12-02, 3.6 % lower), 1734 TFLOPS. B300: no sustained GEMM figure was found (its MAMFs, bf16 1769.0 at
 # 12288x18432x1024 and float8 3353.3 at 3072x6144x7168 on torch 2.9.1+cu130, are the B200's within 1.4 / 2.3 %: bursts,
 # which the power limit does not bind), so it takes the B200's sustained rates raised by the power rule to its limit,
 # (1100 / 1000) ** POWER_EXPONENT = 1.067. The rule's check on these parts: from the GB200 to the GB300 it predicts
 # (1400 / 1200) ** POWER_EXPONENT = 1.110 where Azure measured 1.142.
-B300_MAMF_BF16, B300_MAMF_FP8 = 1769.0, 3353.3
 GB300_FP8_8192 = 3286.3
 GEMM_SOURCES["GB300"] = dataclasses.replace(
     GEMM_SOURCES["GB200"],
-    bf16_tflops=GB300_FP8_8192 * BLACKWELL_BF16_PER_FP8,
+    bf16_tflops=GB300_FP8_8192 * B300_MAMF_BF16 / B300_MAMF_FP8,
     fp8_tflops=GB300_FP8_8192,
     tdp_w=1400.0,
 )
