@@ -109,6 +109,15 @@ def silicon(device: str) -> str:
 # exponent solved from these two sustained points (with the shape factor between the two shapes): see
 # power_exponent() below. (Solved against the 700 W burst MAMF, 794.5, it was 0.89; against the sustained rate 0.68.)
 H100_500W_BF16_8192 = 585.23
+# Blackwell parts take their own exponent, solved the same way from two B200 rates at 8192^3: 1420 TFLOPS at the
+# part's 1000 W (the B200 row below) and cuBLAS at a 750 W cap, measured by Meta's Triton team with their benchmark
+# "denoise" script ("Locking GPU 4 power cap to 750 W", clocks capped at the 1965 MHz boost; torch.matmul on
+# torch.randn fp16 operands, Blackwell's bf16 rate, triton.testing.do_bench over ~2 s, the median):
+# facebookexperimental/triton PR #814 (2026-01-28) 1059.0 and PR #854 (2026-02-05) 1087.7 TFLOPS, their mean here.
+# Exponent 0.97 where the H100's is 0.68: the rule applied to the GB200 -> GB300 step (1,200 -> 1,400 W) predicts
+# x 1.162 with it (x 1.110 with the H100's) where Azure measured x 1.142.
+B200_750W_BF16_8192 = (1059.0 + 1087.7) / 2
+BLACKWELL_DEVICES = ("B200", "GB200", "B300", "GB300")
 
 
 def _tile_utilization(m: float, n: float, sms: int) -> float:
@@ -259,15 +268,23 @@ for _part in ("H100 SXM", "H200"):
     )
 
 
-def power_exponent() -> float:
-    src = GEMM_SOURCES["H100 SXM"]
-    at_tdp_8192 = (
-        src.bf16_tflops * shape_factor(8192, 8192, 8192, src.sms) / shape_factor(*src.best_shape, src.sms)
-    )
-    return math.log(H100_500W_BF16_8192 / at_tdp_8192) / math.log(500.0 / src.tdp_w)
+def _exponent_from(part: str, limit_w: float, tflops_8192: float) -> float:
+    """The exponent e with rate(limit) = rate(TDP) x (limit / TDP) ** e, from the part's rate at 8192^3 at its TDP
+    (its GEMM source carried to 8192^3 by the shape factor, capped at the reference rate) and one measured below."""
+    src = GEMM_SOURCES[part]
+    factor = min(1.0, shape_factor(8192, 8192, 8192, src.sms) / shape_factor(*src.best_shape, src.sms))
+    return math.log(tflops_8192 / (src.bf16_tflops * factor)) / math.log(limit_w / src.tdp_w)
 
 
-POWER_EXPONENT = power_exponent()
+POWER_EXPONENT = _exponent_from("H100 SXM", 500.0, H100_500W_BF16_8192)
+BLACKWELL_POWER_EXPONENT = _exponent_from("B200", 750.0, B200_750W_BF16_8192)
+
+
+def power_exponent(device: str) -> float:
+    """The power rule's exponent for `device`: Blackwell's (two B200 measurements) on Blackwell parts, the H100's
+    elsewhere (the only other architecture measured at two power limits)."""
+    return BLACKWELL_POWER_EXPONENT if silicon(device) in BLACKWELL_DEVICES else POWER_EXPONENT
+
 
 # Blackwell Ultra (B300, GB300): the same dense bf16 / FP8 tensor-core peaks as Blackwell (2,250 / 4,500 TFLOPS on
 # the HGX part, 2,500 / 5,000 in the NVL72 rack) at a higher power limit (1,100 W and 1,400 W against 1,000 and
@@ -278,8 +295,10 @@ POWER_EXPONENT = power_exponent()
 # until 2026-12-02, 3.6 % lower), 1734 TFLOPS. B300: no sustained GEMM figure was found (its MAMFs, bf16 1769.0 at
 # 12288x18432x1024 and float8 3353.3 at 3072x6144x7168 on torch 2.9.1+cu130, are the B200's within 1.4 / 2.3 %: bursts,
 # which the power limit does not bind), so it takes the B200's sustained rates raised by the power rule to its limit,
-# (1100 / 1000) ** POWER_EXPONENT = 1.067. The rule's check on these parts: from the GB200 to the GB300 it predicts
-# (1400 / 1200) ** POWER_EXPONENT = 1.110 where Azure measured 1.142.
+# (1100 / 1000) ** BLACKWELL_POWER_EXPONENT = 1.097 (1.067 with the H100's exponent until 2026-12-02). The rule's check
+# on these parts: from the GB200 to the GB300 it predicts (1400 / 1200) ** 0.97 = 1.162 where Azure measured 1.142. A
+# second check: the GB300's bf16 here, 1,734 TFLOPS at 8192^3, against torch.matmul's 1,717 there on a GB300 in
+# facebookexperimental/triton PR #740 (2025-12-17; power limit not stated).
 GB300_FP8_8192 = 3286.3
 GEMM_SOURCES["GB300"] = dataclasses.replace(
     GEMM_SOURCES["GB200"],
@@ -288,7 +307,7 @@ GEMM_SOURCES["GB300"] = dataclasses.replace(
     tdp_w=1400.0,
 )
 _b200 = GEMM_SOURCES["B200"]
-_b300_gain = (1100.0 / _b200.tdp_w) ** POWER_EXPONENT
+_b300_gain = (1100.0 / _b200.tdp_w) ** BLACKWELL_POWER_EXPONENT
 GEMM_SOURCES["B300"] = dataclasses.replace(
     _b200, bf16_tflops=_b200.bf16_tflops * _b300_gain, fp8_tflops=_b200.fp8_tflops * _b300_gain, tdp_w=1100.0
 )
@@ -344,7 +363,7 @@ def power_factor(device: str, power_limit_w: float | None) -> float:
     if power_limit_w is None:
         return 1.0
     tdp = gemm_source(device)[0].tdp_w  # KeyError for a part without a GEMM source, as before
-    return (compute_power_w(device, power_limit_w) / tdp) ** POWER_EXPONENT
+    return (compute_power_w(device, power_limit_w) / tdp) ** power_exponent(device)
 
 
 # A CPU has no datasheet peak: its "peak" is this machine's measured matmul rate (the estimator's calibration, or
