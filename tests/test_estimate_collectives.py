@@ -86,6 +86,30 @@ def test_overlapped_ring_takes_its_channels_sms():
     )
 
 
+def test_blackwell_nvlink5_rings_as_measured():
+    """NVLink 5 rings: 32 NCCL channels (a DGX B200's NCCL log, NVIDIA/nccl#1646) of 148 SMs on every Blackwell part,
+    and the bus bandwidth nccl-tests measured on 8 B200 with NVLink SHARP off (682.2 GB/s of 900); Hopper keeps 16
+    channels and NVIDIA's 0.80 of NVLink 4."""
+    for device in ("B200", "GB200", "B300", "GB300"):
+        assert collectives.node_channels(device) == 32
+        assert collectives.intra_fraction(device, 0.80) == pytest.approx(682.2 / 900.0)
+        plan = build_plan(
+            parse_args(
+                [
+                    "--model.flavor=debugmodel",
+                    f"--estimate.hardware={device.lower()}",
+                    "--estimate.num_devices=8",
+                ]
+            )
+        )
+        intra = plan.hw.intra_node_gbps * 1e9 * collectives.intra_fraction(device, 0.80)
+        assert intra == pytest.approx(682.2e9)
+        assert collectives.overlap_sm_share(plan, intra, intra) == pytest.approx(32 / 148)
+    assert (
+        collectives.node_channels("H100 SXM") == 16 and collectives.intra_fraction("H100 SXM", 0.80) == 0.80
+    )
+
+
 def test_fsdp_overlap_charges_held_sms_only_where_compute_sets_the_pace():
     """A unit's collectives and its compute run side by side and the unit ends when both have: compute-bound units
     pay the SMs the rings hold (share x ring time), communication-bound units wait for the rings, and the compute

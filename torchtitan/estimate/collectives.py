@@ -79,7 +79,11 @@ from .plan import Plan
 RING_BASE_LAT_S = 8.4e-6
 HOP_LAT_S = {"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 14.0e-6}  # NCCL 2.21.5 tuning.cc
 NVLINK_MIN_GBPS = 100.0  # an intra-node link this fast per direction is NVLink / Infinity Fabric, not PCIe
-NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24}
+# Blackwell (NVLink 5, 18 links a GPU): 32 on a DGX B200 node (NVIDIA/nccl#1646, NCCL 2.25.1 under torch 2.8: "Channel
+# 04/32", trees [0] .. [31]); the GB200, B300 and GB300 have the same links and bandwidth, so the same count (NCCL
+# sizes its channels to the bandwidth, node_channels; an NVIDIA engineer in NVIDIA/nccl#1429: on multi-node NVLink
+# systems "there is no difference in the number of channels used").
+NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24, "B200": 32, "GB200": 32, "B300": 32, "GB300": 32}
 NCCL_CHANNELS_DEFAULT = 16
 # Devices whose GEMMs are static persistent kernels (one CTA per SM, tiles assigned at launch): Hopper.
 STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"})
@@ -87,19 +91,29 @@ STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe",
 # Infinity Fabric nodes and the quad-GH200 nodes (6 NVLinks between every pair; torchtitan/metrics/hardware.py). A
 # ring over some of a node's GPUs has only the links among them. A silicon twin's node is its twin's unless named.
 MESH_NODES = frozenset({"MI300X", "MI355X", "GH200", "GH200 144GB"})
-# The measured 8-GPU ring bus bandwidth of a mesh node as a fraction of the datasheet per-device figure (448 GB/s =
-# 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB. No NCCL figure of a quad-GH200 node alone
+# The measured ring bus bandwidth of a whole node as a fraction of the datasheet per-device figure, where one was
+# found (elsewhere Efficiency.intra_node, 0.80, NVIDIA's figure for NVLink 3 and 4).
+# NVLink 5 (B200, GB200, B300, GB300; 900 GB/s each way): nccl-tests all_reduce_perf on 8 B200 (AWS p6-b200.48xlarge,
+# NCCL 2.27.7, 8 GiB, NCCL_NVLS_ENABLE=0: the ring this model prices), 682.2 GB/s bus bandwidth, 0.758 of 900
+# (stas00/ml-engineering 744d01e network/README.md; 838.0 with NVLink SHARP, which the trainer's collectives do not
+# request); NVIDIA's GTC 2025 slide in the same file puts 8 B200 at 700 and a GB200 NVL72 ring over 32 GPUs at 680.
+# Mesh nodes: MI300X (448 GB/s = 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB. No NCCL figure of a quad-GH200 node alone
 # was found (CSCS's and Sigma2's nccl-tests span two nodes, bound by the NICs): it takes the NVLink fraction
 # (efficiency.intra_node).
 # The MI355X's mesh (7 x 76.8 GB/s each way) takes the MI300X's fraction: no RCCL bus bandwidth of a whole MI355X node
 # at a large payload was found (ROCm/mori#200's 326 / 333 GB/s reduce-scatter / all-gather at 128 MB a GPU do not
 # say whether they are bus or algorithm bandwidth; 0.70 x 537.6 = 376).
-MESH_BUSBW_FRACTION = {"MI300X": 312.912 / 448.0, "MI355X": 312.912 / 448.0}
+NVLINK5_RING_BUSBW = 682.2
+RING_BUSBW_FRACTION = {
+    "MI300X": 312.912 / 448.0,
+    "MI355X": 312.912 / 448.0,
+    **{d: NVLINK5_RING_BUSBW / 900.0 for d in rates.BLACKWELL_DEVICES},
+}
 
 
 def intra_fraction(device: str, default: float) -> float:
     """Sustained fraction of the intra-node datasheet bandwidth a ring over a whole node reaches on this device."""
-    return MESH_BUSBW_FRACTION.get(rates.silicon(device), default)
+    return RING_BUSBW_FRACTION.get(rates.silicon(device), default)
 
 
 def is_mesh(device: str) -> bool:
