@@ -1045,9 +1045,10 @@ def test_b200_rates_reproduce_their_measurements():
 
 def test_gb200_rates_reproduce_their_measurement():
     """The GB200's float8 GEMM at 8192^3 is Azure's cuBLASLt measurement (2,876.6 TFLOPS), bf16 that times the GB200's
-    own MAMFs' bf16 / FP8 ratio (1,822.0 / 3,615.6; the B200's pair is within 1 %); the same method's H100 / H200 figures at 8192^3 (1,290.1 / 1,300.6) are within 1 % of
-    the Hopper float8 rate here, which is what makes the GB200 figure usable as a sustained rate. Attention runs at
-    the B200's measured TFLOPS (not scaled by the datasheets' 2,500 / 2,250), cuDNN first (sm100)."""
+    own MAMFs' bf16 / FP8 ratio (1,822.0 / 3,615.6; the B200's pair is within 1 %); the same method's H100 / H200
+    figures at 8192^3 (1,290.1 / 1,300.6) are within 1 % of the Hopper float8 rate here, which is what makes the
+    GB200 figure usable as a sustained rate. Attention runs at the B200's measured TFLOPS (not scaled by the
+    datasheets' 2,500 / 2,250), cuDNN first (sm100)."""
     from torchtitan.estimate import rates
 
     assert 5000.0 * rates.gemm_efficiency("GB200", "fp8", 8192, 8192, 8192) == pytest.approx(2876.6, rel=1e-9)

@@ -97,9 +97,9 @@ MESH_NODES = frozenset({"MI300X", "MI355X", "GH200", "GH200 144GB"})
 # NCCL 2.27.7, 8 GiB, NCCL_NVLS_ENABLE=0: the ring this model prices), 682.2 GB/s bus bandwidth, 0.758 of 900
 # (stas00/ml-engineering 744d01e network/README.md; 838.0 with NVLink SHARP, which the trainer's collectives do not
 # request); NVIDIA's GTC 2025 slide in the same file puts 8 B200 at 700 and a GB200 NVL72 ring over 32 GPUs at 680.
-# Mesh nodes: MI300X (448 GB/s = 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB. No NCCL figure of a quad-GH200 node alone
-# was found (CSCS's and Sigma2's nccl-tests span two nodes, bound by the NICs): it takes the NVLink fraction
-# (efficiency.intra_node).
+# Mesh nodes: MI300X (448 GB/s = 7 x 64): stas00/ml-engineering, 312.912 GB/s all-reduce busbw, 4 GiB. No NCCL
+# figure of a quad-GH200 node alone was found (CSCS's and Sigma2's nccl-tests span two nodes, bound by the NICs): it
+# takes the NVLink fraction (efficiency.intra_node).
 # The MI355X's mesh (7 x 76.8 GB/s each way) takes the MI300X's fraction: no RCCL bus bandwidth of a whole MI355X node
 # at a large payload was found (ROCm/mori#200's 326 / 333 GB/s reduce-scatter / all-gather at 128 MB a GPU do not
 # say whether they are bus or algorithm bandwidth; 0.70 x 537.6 = 376).

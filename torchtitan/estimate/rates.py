@@ -676,7 +676,6 @@ CUDNN919_GB200_BWD_NO_MASK = (1089.0, 1287.0, 1409.0, 1455.0, 1501.0)
 CUDNN919_GB300_FWD_NO_MASK = (1568.0, 1872.0, 1930.0, 1992.0, 1880.0)
 CUDNN919_GB300_BWD_NO_MASK = (1168.0, 1353.0, 1501.0, 1559.0, 1555.0)
 BLACKWELL_ULTRA_DEVICES = ("B300", "GB300")
-BLACKWELL_ATTENTION_DEVICES = ("B200", "GB200", *BLACKWELL_ULTRA_DEVICES)
 
 
 def blackwell_ultra_attention_gain(seq: float, backward: bool) -> float:
@@ -730,7 +729,7 @@ def attention_fraction(
     with the SDPA backend `backend` (auto: attention_backend's choice for the device)."""
     backend = attention_backend(device, backend)
     device = silicon(device)
-    if device in BLACKWELL_ATTENTION_DEVICES:
+    if device in BLACKWELL_DEVICES:
         peak = GEMM_SOURCES[device].table_peak
         if backend == "cudnn":  # cuDNN attention (above), measured causal
             tflops = _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD)
