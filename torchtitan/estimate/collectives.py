@@ -83,7 +83,7 @@ NVLINK_MIN_GBPS = 100.0  # an intra-node link this fast per direction is NVLink 
 # 04/32", trees [0] .. [31]); the GB200, B300 and GB300 have the same links and bandwidth, so the same count (NCCL
 # sizes its channels to the bandwidth, node_channels; an NVIDIA engineer in NVIDIA/nccl#1429: on multi-node NVLink
 # systems "there is no difference in the number of channels used").
-NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24, "B200": 32, "GB200": 32, "B300": 32, "GB300": 32}
+NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24, **{d: 32 for d in rates.BLACKWELL_DEVICES}}
 NCCL_CHANNELS_DEFAULT = 16
 # Devices whose GEMMs are static persistent kernels (one CTA per SM, tiles assigned at launch): Hopper.
 STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"})

@@ -53,8 +53,9 @@ class Efficiency:
     # NVLink: nccl-tests' all-gather bus bandwidth on 8 H100 SXM is 360 of NVLink 4's 450 GB/s per direction
     # (NVIDIA/nccl-tests#212, #326); across nodes, one NIC's share of the ring: NVIDIA measures 192 GB/s of
     # DGX A100's 8 x 25 GB/s (NVIDIA/nccl#812) and 48-49 of a 50 GB/s ConnectX-7 (NVIDIA/nccl-tests#267): 0.96.
-    # A ring across nodes is capped at the intra-node figure (collectives.busbw). MI300X (switchless mesh) takes its
-    # measured RCCL figure instead (collectives.RING_BUSBW_FRACTION). docs/estimate.md, "Rates".
+    # A ring across nodes is capped at the intra-node figure (collectives.busbw). Where a whole node's ring was
+    # measured (MI300X's RCCL mesh, NVLink 5's NCCL on 8 B200) that figure stands instead
+    # (collectives.RING_BUSBW_FRACTION). docs/estimate.md, "Rates".
     intra_node: float = 0.80
     inter_node: float = 0.96
     # TP collectives sit on the critical path (the next matmul needs the gathered input): exposed fraction
