@@ -54,8 +54,11 @@ class DeviceSpec:
 #   L40S:      NVIDIA L40S datasheet: BF16 362.05 TF (733* sparse), FP8 733 TF (1,466* sparse), 48 GB GDDR6
 #              864 GB/s, no NVLink: PCIe Gen4 x16 (32 GB/s); 200 Gb/s per GPU assumed.
 #   B200:      NVIDIA HGX B200 datasheet: 8 GPUs give FP16/BF16 36 PF* and FP8 72 PF* -> per GPU dense
-#              2.25 PF BF16 and 4.5 PF FP8; 180 GB and 8 TB/s HBM3e per GPU (64 TB/s for 8); NVLink 5 1.8 TB/s
-#              -> 900; 400 Gb/s ConnectX-7 per GPU -> 50 GB/s.
+#              2.25 PF BF16 and 4.5 PF FP8; 180 GB HBM3e per GPU; NVLink 5 1.8 TB/s -> 900; 400 Gb/s ConnectX-7
+#              per GPU -> 50 GB/s. Memory bandwidth: the datasheet's 8 TB/s (64 TB/s for 8) counts an 8,192-bit
+#              bus, but a B200's driver reports 7,680 bits at 3,996 MHz (cudaGetDeviceProperties and nvidia-smi in
+#              pytorch/ao#4002, 2026-03-05, which corrected torchao's roofline to it): 7,680 / 8 x 3,996 x 2 =
+#              7,672 GB/s: 15/16 of the 8 stacks' bus, as the capacity is 15/16 of their 192 GB.
 #   GB200:     NVIDIA GB200 NVL72 (nvidia.com/en-us/data-center/gb200-nvl72; the DGX GB200 page gives the same):
 #              72 GPUs give FP16/BF16 360 PF* and FP8 720 PF* -> per GPU dense 2.5 PF BF16 and 5 PF FP8 (the
 #              Blackwell datasheet's GB200 configuration, 1,200 W, against the HGX B200's 1,000 W); 13.4 TB and
@@ -141,7 +144,7 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         DeviceSpec("GH200", 989.0, 2 * 989.0, 96.0, 4000.0, 450.0, 25.0, devices_per_node=4),
         DeviceSpec("GH200 144GB", 989.0, 2 * 989.0, 144.0, 4900.0, 450.0, 25.0, devices_per_node=4),
         DeviceSpec("L40S", 362.0, 733.0, 48.0, 864.0, 32.0, 25.0),
-        DeviceSpec("B200", 2250.0, 4500.0, 180.0, 8000.0, 900.0, 50.0),
+        DeviceSpec("B200", 2250.0, 4500.0, 180.0, 7672.0, 900.0, 50.0),
         DeviceSpec("GB200", 2500.0, 5000.0, 186.0, 8000.0, 900.0, 50.0, devices_per_node=72),
         DeviceSpec("B300", 2250.0, 4500.0, 270.0, 8000.0, 900.0, 100.0),
         DeviceSpec("GB300", 2500.0, 5000.0, 279.0, 8000.0, 900.0, 100.0, devices_per_node=72),
