@@ -980,6 +980,39 @@ def test_compiled_saved_activations_match_inductor():
         assert measured - rstd - scales == pytest.approx(saved_per_token("none", f8, True) / 4 - dim), skip
 
 
+def test_eager_rms_norm_is_priced_at_torchs_measured_kernels():
+    """rates.eager_rms_norm_fraction: torch's fused eager RMSNorm as cudnn-frontend timed it (H200, GB200, GB300 at
+    the Llama 3 8B / 70B / 405B widths), each part at its measured sibling's fraction of the datasheet bandwidth;
+    steptime.eager_norm_extra adds the time its bytes take beyond the elementwise rate, eager blocks only."""
+    from torchtitan.estimate import rates, steptime
+
+    frac = rates.eager_rms_norm_fraction
+    assert frac("H200", 4096, False) == pytest.approx(3364.5 / 4800) and frac(
+        "H200", 4096, True
+    ) == pytest.approx(1807.3 / 4800)
+    assert frac("H100 SXM", 8192, True) == pytest.approx(1548.0 / 4800)  # the H200's fraction on the same die
+    assert frac("B200", 16384, False) == pytest.approx(3799.9 / 8000)  # the GB200's
+    assert frac("GB300", 2048, False) == frac("GB300", 4096, False)  # constant outside the measured widths
+    assert frac("GB200", 65536, True) == frac("GB200", 16384, True)
+    assert 2036.5 / 8000 < frac("GB200", 11585, True) < 2269.5 / 8000  # log2-interpolated between them
+    assert frac("A100", 4096, False) is None and frac("MI300X", 4096, True) is None
+
+    def extra(*argv: str) -> tuple[float, float]:
+        plan = build_plan(parse_args(["--model.flavor=8B", *argv]))
+        return steptime.eager_norm_extra(plan, steptime.Rates(plan))
+
+    f, b = extra("--estimate.hardware=h200")
+    hbm = 4800e9 * DEFAULT.hbm
+    assert f == pytest.approx(
+        2 * 4 * 4096 * (1 / (3364.5e9) - 1 / hbm)
+    )  # two norms, x read and y written (bf16)
+    assert b == pytest.approx(2 * 6 * 4096 * (1 / (1807.3e9) - 1 / hbm)) and b > 2 * f > 0
+    # compiled blocks (Inductor's fused norms), torch's composite norm of before 2.9, a part without a measurement
+    assert extra("--estimate.hardware=h200", "--compile.enable=true") == (0.0, 0.0)
+    assert extra("--estimate.hardware=h200", "--estimate.eager_rms_norm=composite") == (0.0, 0.0)
+    assert extra("--estimate.hardware=a100") == (0.0, 0.0)
+
+
 @pytest.mark.slow
 def test_compiled_elementwise_bytes_are_a_lower_bound_of_inductors_count():
     """The compiled branch of elementwise_bytes (a hand count) against the bytes Inductor's kernels of one compiled

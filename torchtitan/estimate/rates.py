@@ -29,6 +29,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from torchtitan.metrics.hardware import device_spec
+
 # ---------------------------------------------------------------------------------------------------- GEMM
 # MAMF: stas00/ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
 # (commit 744d01e, 2026-08): the best of a brute-force shape search of torch.matmul, mean of 100 iterations.
@@ -755,3 +757,44 @@ def attention_fraction(
         else:
             frac *= (FA2_MI300X_FWD_16K / MI300X_PEAK) / (FA2_H100_FWD[-1] / 989.0)
     return frac
+
+
+# ------------------------------------------------------------------------------------------- memory-bound kernels
+# Eager RMSNorm: torch.nn.functional.rms_norm's fused CUDA kernels (torch >= 2.9, pytorch/pytorch#153666; what
+# `--estimate.eager_rms_norm=fused` prices), timed by NVIDIA/cudnn-frontend (df73764, 2026-03-09)
+# benchmark/norms/results/{h200,gb200,gb300}/all_models_2026022*.csv: the "pytorch" backend in the
+# nvcr.io/nvidia/pytorch:25.12-py3 container, bf16, the L2 flushed before each of 20 iterations, the median device
+# time of the forward and of the backward (input and weight gradients) under the profiler; GB/s on the minimal bytes
+# (forward: x read, y written; backward: x and dy read, dx written; the weight and the fp32 rstd besides), which are
+# the bytes steptime.elementwise_bytes counts for a fused norm. At the Llama 3 8B / 70B / 405B shapes (N x C =
+# 16384 x 4096, 8192 x 8192, 4096 x 16384). The backward runs at about half the forward's rate (its weight gradient
+# is a second reduction over the rows; cuDNN's own kernel in the same files reaches 3,801 GB/s on the H200 at the
+# 8B shape, torch's 1,807), and both fall with the width.
+EAGER_RMS_NORM_WIDTHS = (4096, 8192, 16384)
+EAGER_RMS_NORM_GBPS = {  # measured part: ((forward GB/s by width), (backward GB/s by width))
+    "H200": ((3364.5, 2627.6, 2395.9), (1807.3, 1548.0, 1542.0)),
+    "GB200": ((5341.4, 5000.1, 3799.9), (2266.9, 2269.5, 2036.5)),
+    "GB300": ((5466.4, 5122.3, 3882.5), (2329.4, 2333.7, 2073.7)),
+}
+# Each part takes its measured sibling's fraction of the datasheet bandwidth (the H200's 4.8 TB/s, the GB200's and
+# GB300's 8 TB/s): the Hopper parts the H200's, the B200 the GB200's, the B300 the GB300's; other parts keep
+# Efficiency.hbm (no measurement).
+EAGER_RMS_NORM_SOURCE = {
+    **{d: "H200" for d in HOPPER_ATTENTION_DEVICES},
+    "B200": "GB200",
+    "GB200": "GB200",
+    "B300": "GB300",
+    "GB300": "GB300",
+}
+
+
+def eager_rms_norm_fraction(device: str, width: float, backward: bool) -> float | None:
+    """Fraction of the datasheet memory bandwidth torch's fused eager RMSNorm sustains on `device` at this norm
+    width (log2-interpolated between the measured widths, constant outside); None where no sibling was measured."""
+    measured = EAGER_RMS_NORM_SOURCE.get(silicon(device))
+    if measured is None:
+        return None
+    lo, hi = EAGER_RMS_NORM_WIDTHS[0], EAGER_RMS_NORM_WIDTHS[-1]
+    width = min(max(width, lo), hi)
+    gbps = _interp_on(width, EAGER_RMS_NORM_WIDTHS, EAGER_RMS_NORM_GBPS[measured][1 if backward else 0])
+    return gbps / device_spec(measured).hbm_gbps

@@ -186,6 +186,24 @@ def elementwise_bytes(plan: Plan) -> tuple[float, float]:
     return fwd, bwd
 
 
+def eager_norm_extra(plan: Plan, r: Rates) -> tuple[float, float]:
+    """(forward, backward) seconds per token a block's two fused eager RMSNorms take beyond their bytes at the
+    elementwise rate (r.hbm): torch's kernels as measured on the part's sibling (rates.eager_rms_norm_fraction),
+    on the bytes elementwise_bytes counts for them. Zero for compiled blocks (Inductor fuses the norms with the
+    residual adds), the composite norm of older torch and CPUs, and parts without a measurement."""
+    s, b = plan.shape, plan.act_bytes
+    if plan.compile_model or not s.fused_norm or plan.hw.is_cpu:
+        return 0.0, 0.0
+    out = []
+    for backward, per_element in ((False, 2 * b), (True, 3 * b)):
+        frac = rates.eager_rms_norm_fraction(plan.hw.name, s.d, backward)
+        if frac is None:
+            return 0.0, 0.0
+        nbytes = 2 * per_element * s.d_s
+        out.append(max(0.0, nbytes / (frac * plan.hw.hbm_gbps * 1e9) - nbytes / r.hbm))
+    return out[0], out[1]
+
+
 # the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output)
 STREAM_INPUT_LINEARS = ("wq", "wk", "wv", "w1", "w3")
 
@@ -364,6 +382,9 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     w = autocast_weight_cast_bytes(plan, plan.block_linears)
     t_ef, t_eb = ((ew_f + a_f) * tokens + w) / r.hbm, ((ew_b + a_b) * tokens + w) / r.hbm
     t_er = ((ew_f + a_r) * tokens + w) / r.hbm if recomputes_elementwise(mode) else 0.0
+    norm_f, norm_b = eager_norm_extra(plan, r)
+    t_ef, t_eb = t_ef + norm_f * tokens, t_eb + norm_b * tokens
+    t_er += norm_f * tokens if recomputes_elementwise(mode) else 0.0
     in_place = block_in_place(plan)
     if in_place is not None:
         scale = in_place * tokens / (t_ef + t_eb)
