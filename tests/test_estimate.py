@@ -991,10 +991,10 @@ def test_eager_rms_norm_is_priced_at_torchs_measured_kernels():
         "H200", 4096, True
     ) == pytest.approx(1807.3 / 4800)
     assert frac("H100 SXM", 8192, True) == pytest.approx(1548.0 / 4800)  # the H200's fraction on the same die
-    assert frac("B200", 16384, False) == pytest.approx(3799.9 / 8000)  # the GB200's
+    assert frac("B200", 16384, False) == pytest.approx(3799.9 / 7928)  # the GB200's
     assert frac("GB300", 2048, False) == frac("GB300", 4096, False)  # constant outside the measured widths
     assert frac("GB200", 65536, True) == frac("GB200", 16384, True)
-    assert 2036.5 / 8000 < frac("GB200", 11585, True) < 2269.5 / 8000  # log2-interpolated between them
+    assert 2036.5 / 7928 < frac("GB200", 11585, True) < 2269.5 / 7928  # log2-interpolated between them
     assert frac("A100", 4096, False) is None and frac("MI300X", 4096, True) is None
 
     def extra(*argv: str) -> tuple[float, float]:

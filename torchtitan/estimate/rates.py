@@ -776,8 +776,8 @@ EAGER_RMS_NORM_GBPS = {  # measured part: ((forward GB/s by width), (backward GB
     "GB200": ((5341.4, 5000.1, 3799.9), (2266.9, 2269.5, 2036.5)),
     "GB300": ((5466.4, 5122.3, 3882.5), (2329.4, 2333.7, 2073.7)),
 }
-# Each part takes its measured sibling's fraction of the datasheet bandwidth (the H200's 4.8 TB/s, the GB200's and
-# GB300's 8 TB/s): the Hopper parts the H200's, the B200 the GB200's, the B300 the GB300's; other parts keep
+# Each part takes its measured sibling's fraction of the table's bandwidth (the H200's 4.8 TB/s, the GB200's 7,928
+# GB/s, the GB300's 8 TB/s): the Hopper parts the H200's, the B200 the GB200's, the B300 the GB300's; other parts keep
 # Efficiency.hbm (no measurement).
 EAGER_RMS_NORM_SOURCE = {
     **{d: "H200" for d in HOPPER_ATTENTION_DEVICES},

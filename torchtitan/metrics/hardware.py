@@ -62,7 +62,10 @@ class DeviceSpec:
 #   GB200:     NVIDIA GB200 NVL72 (nvidia.com/en-us/data-center/gb200-nvl72; the DGX GB200 page gives the same):
 #              72 GPUs give FP16/BF16 360 PF* and FP8 720 PF* -> per GPU dense 2.5 PF BF16 and 5 PF FP8 (the
 #              Blackwell datasheet's GB200 configuration, 1,200 W, against the HGX B200's 1,000 W); 13.4 TB and
-#              576 TB/s HBM3e -> 186 GB and 8 TB/s per GPU; NVLink 5 1.8 TB/s -> 900, and the NVLink domain is the
+#              576 TB/s HBM3e -> 186 GB and 8 TB/s per GPU (memory bandwidth as the driver gives it: torch's own
+#              device limits on a GB200 print 7,928.064 GB/s, pytorch/pytorch#172523 of 2026-01-15, i.e. a
+#              7,936-bit bus at 3,996 MHz, 31/32 of the 8 stacks' bus as 186 GB is 31/32 of their 192: 7,928 GB/s,
+#              as for the B200 below 8 TB/s); NVLink 5 1.8 TB/s -> 900, and the NVLink domain is the
 #              whole rack: 72 GPUs share the switch fabric (devices_per_node = 72, the estimator's "node" being the
 #              NVLink domain; a GB200 NVL4 board or a job split over racks: --estimate.devices_per_node); 400 Gb/s
 #              per GPU between racks (ConnectX-7, as on the HGX B200; assumed) -> 50 GB/s. torch names the part
@@ -145,7 +148,7 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         DeviceSpec("GH200 144GB", 989.0, 2 * 989.0, 144.0, 4900.0, 450.0, 25.0, devices_per_node=4),
         DeviceSpec("L40S", 362.0, 733.0, 48.0, 864.0, 32.0, 25.0),
         DeviceSpec("B200", 2250.0, 4500.0, 180.0, 7672.0, 900.0, 50.0),
-        DeviceSpec("GB200", 2500.0, 5000.0, 186.0, 8000.0, 900.0, 50.0, devices_per_node=72),
+        DeviceSpec("GB200", 2500.0, 5000.0, 186.0, 7928.0, 900.0, 50.0, devices_per_node=72),
         DeviceSpec("B300", 2250.0, 4500.0, 270.0, 8000.0, 900.0, 100.0),
         DeviceSpec("GB300", 2500.0, 5000.0, 279.0, 8000.0, 900.0, 100.0, devices_per_node=72),
         DeviceSpec("MI300X", 1307.0, 2615.0, 192.0, 5300.0, 448.0, 50.0),
