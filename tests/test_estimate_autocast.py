@@ -18,6 +18,7 @@ from torchtitan.estimate.steptime import (
     autocast_eager_bytes,
     autocast_weight_cast_bytes,
     block_pass,
+    eager_norm_extra,
     elementwise_bytes,
 )
 
@@ -66,7 +67,9 @@ def test_autocast_bytes_are_priced_in_eager_blocks_only():
     ew_f, ew_b = elementwise_bytes(plan)
     a_f, a_b, _ = autocast_eager_bytes(plan)
     w = autocast_weight_cast_bytes(plan, plan.block_linears)
-    expected = ((ew_f + ew_b + a_f + a_b) * tokens + 2 * w) / r.hbm
+    norm_f, norm_b = eager_norm_extra(plan, r)  # the fused norms at their measured rate (H100: the H200's)
+    assert norm_f > 0 and norm_b > 0
+    expected = ((ew_f + ew_b + a_f + a_b) * tokens + 2 * w) / r.hbm + (norm_f + norm_b) * tokens
     assert block_pass(plan, r, "op", tokens).elementwise == pytest.approx(expected)
     compiled = build_plan(parse_args([*ONE_H100, *SAC_OP, "--compile.enable=true"]))
     assert autocast_eager_bytes(compiled) == (0.0, 0.0, 0.0)

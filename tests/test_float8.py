@@ -331,3 +331,33 @@ def test_float8_tp_sequence_parallel_all_gathers_float8_and_matches_one_process(
     # outside the blocks: the output head's input (forward) and the tied backward of the final norm / embedding
     assert sum(v for k, v in ag.items() if "float8" not in k) <= 3, payload
     assert not any("float8" in k for k in rs) and sum(rs.values()) >= 4 * n, payload
+
+
+def test_cpu_scaled_mm_keeps_the_float8_contract():
+    """quantize/cpu_float8.py: torch._scaled_mm on a CPU as an fp32 matmul of the widened float8 operands: the
+    exact products summed in fp32, times the (tensorwise or row-/column-wise) scales, plus the bias, rounded to the
+    output dtype; installed, torch._scaled_mm returns it."""
+    from torchtitan.quantize.cpu_float8 import scaled_mm_fp32, use_fp32_scaled_mm_on_cpu
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(32, 64, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(48, 64, generator=g).to(torch.float8_e4m3fn).t()  # column-major, as torchao passes it
+    exact = a.double() @ b.double()
+    sa, sb = torch.tensor(0.5), torch.tensor(4.0)
+    out = scaled_mm_fp32(a, b, sa, sb, out_dtype=torch.float32)
+    assert torch.allclose(out.double(), exact * 2.0, rtol=1e-6, atol=1e-5)
+    ra, rb = torch.rand(32, 1, generator=g) + 0.5, torch.rand(1, 48, generator=g) + 0.5
+    bias = torch.randn(48, generator=g).to(torch.bfloat16)
+    rowwise = scaled_mm_fp32(a, b, ra, rb, bias=bias, out_dtype=torch.bfloat16)
+    want = (exact * ra.double() * rb.double() + bias.double()).to(torch.bfloat16)
+    assert rowwise.dtype == torch.bfloat16 and torch.allclose(
+        rowwise.float(), want.float(), rtol=1e-2, atol=1e-2
+    )
+    use_fp32_scaled_mm_on_cpu()
+    use_fp32_scaled_mm_on_cpu()  # once per process
+    assert torch.equal(
+        torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16),
+        scaled_mm_fp32(a, b, sa, sb, out_dtype=torch.bfloat16),
+    )
+    with pytest.raises(NotImplementedError, match="scale_result"):
+        scaled_mm_fp32(a, b, sa, sb, scale_result=torch.tensor(1.0), out_dtype=torch.float8_e4m3fn)

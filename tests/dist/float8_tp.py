@@ -15,6 +15,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from torchtitan.config import JobConfig
 from torchtitan.models.llama3.model import FeedForward
+from torchtitan.quantize.cpu_float8 import use_fp32_scaled_mm_on_cpu
 from torchtitan.quantize.float8 import convert_to_float8, float8_tp_style
 
 
@@ -30,6 +31,7 @@ class Net(nn.Module):
 
 def main():
     dist.init_process_group("gloo")
+    use_fp32_scaled_mm_on_cpu()  # as parallelize() does for float8 on a CPU
     mesh = init_device_mesh("cpu", (2,))
     cfg = JobConfig()
     cfg.float8.enable, cfg.float8.min_dim = True, 48

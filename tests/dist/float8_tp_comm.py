@@ -25,6 +25,7 @@ from torchtitan.config import JobConfig
 from torchtitan.models.llama3.args import llama3_flavors
 from torchtitan.models.llama3.model import Transformer
 from torchtitan.parallel.tensor import apply_tp
+from torchtitan.quantize.cpu_float8 import use_fp32_scaled_mm_on_cpu
 from torchtitan.quantize.float8 import convert_to_float8
 
 COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
@@ -68,6 +69,7 @@ def main():
     recipe = sys.argv[1] if len(sys.argv) > 1 else "tensorwise"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     dist.init_process_group("gloo")
+    use_fp32_scaled_mm_on_cpu()  # as parallelize() does for float8 on a CPU
     mesh = init_device_mesh("cpu", (2,))
     cfg = JobConfig()
     cfg.float8.enable, cfg.float8.recipe, cfg.float8.min_dim = True, recipe, 16

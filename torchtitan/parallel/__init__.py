@@ -10,6 +10,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from torchtitan.quantize.cpu_float8 import use_fp32_scaled_mm_on_cpu
 from torchtitan.quantize.float8 import convert_to_float8
 
 from .activation_checkpoint import apply_ac
@@ -43,6 +44,7 @@ def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Mod
     """Apply parallelism to a model built on the meta device, in this fixed order (docs/parallelism.md):
 
         1. float8 conversion of linear layers                          - torchao; swaps nn.Linear modules
+           (on a CPU its float8 matmuls take fp32 kernels                 - quantize/cpu_float8.py)
            or, bf16 on a CPU without bf16 instructions, fp32 kernels      - cpu_bf16.py; swaps nn.Linear classes
         2. tensor parallel (+ sequence/loss parallel)  on mesh "tp"
         3. activation checkpointing                                    - wraps blocks
@@ -61,6 +63,8 @@ def parallelize(model: torch.nn.Module, dims: ParallelDims, cfg) -> torch.nn.Mod
     device_type = dims.mesh("world").device_type
     if cfg.float8.enable:
         convert_to_float8(model, cfg)  # imports torchao (optional) only here
+        if device_type == "cpu":
+            use_fp32_scaled_mm_on_cpu()  # oneDNN's float8 matmul is a reference kernel on some CPUs
     compute_dtype = DTYPES[t.mixed_precision_param]
     kernel_dtype = matmul_dtype(device_type, compute_dtype, t.cpu_bf16_fp32_kernels)
     if kernel_dtype != compute_dtype:
