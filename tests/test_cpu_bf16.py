@@ -144,9 +144,8 @@ def test_onednn_kernel_keeps_the_bf16_contract():
     exact = F.linear(x.float(), w.float())
     assert ours.dtype == BF16 and ours.shape == ref.shape == (3, 1, w.shape[0])
     assert torch.equal(ours, torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], ""))
-    if (
-        hardware.cpu_lacks_bf16_instructions()
-    ):  # where torch's own bf16 kernel is not oneDNN's (with AMX it is)
+    # where torch's own bf16 kernel is not oneDNN's (on CPUs with bf16 instructions it is)
+    if hardware.cpu_lacks_bf16_instructions():
         assert not torch.equal(ours, ref)  # a different kernel (so the check above tells which one ran) ...
     within_bf16_rounding(ours, ref)  # ... with the same contract: fp32 sums of bf16 products, rounded to bf16
     within_bf16_rounding(ours, exact)

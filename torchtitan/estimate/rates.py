@@ -789,7 +789,7 @@ EAGER_RMS_NORM_SOURCE = {
 
 
 def eager_rms_norm_fraction(device: str, width: float, backward: bool) -> float | None:
-    """Fraction of the datasheet memory bandwidth torch's fused eager RMSNorm sustains on `device` at this norm
+    """Fraction of the hardware table's memory bandwidth torch's fused eager RMSNorm sustains on `device` at this norm
     width (log2-interpolated between the measured widths, constant outside); None where no sibling was measured."""
     measured = EAGER_RMS_NORM_SOURCE.get(silicon(device))
     if measured is None:

@@ -62,10 +62,10 @@ class DeviceSpec:
 #   GB200:     NVIDIA GB200 NVL72 (nvidia.com/en-us/data-center/gb200-nvl72; the DGX GB200 page gives the same):
 #              72 GPUs give FP16/BF16 360 PF* and FP8 720 PF* -> per GPU dense 2.5 PF BF16 and 5 PF FP8 (the
 #              Blackwell datasheet's GB200 configuration, 1,200 W, against the HGX B200's 1,000 W); 13.4 TB and
-#              576 TB/s HBM3e -> 186 GB and 8 TB/s per GPU (memory bandwidth as the driver gives it: torch's own
-#              device limits on a GB200 print 7,928.064 GB/s, pytorch/pytorch#172523 of 2026-01-15, i.e. a
-#              7,936-bit bus at 3,996 MHz, 31/32 of the 8 stacks' bus as 186 GB is 31/32 of their 192: 7,928 GB/s,
-#              as for the B200 below 8 TB/s); NVLink 5 1.8 TB/s -> 900, and the NVLink domain is the
+#              576 TB/s HBM3e -> 186 GB and 8 TB/s per GPU; the table takes the bandwidth the driver gives, as
+#              for the B200 above: torch's own device limits on a GB200 print 7,928.064 GB/s
+#              (pytorch/pytorch#172523, 2026-01-15), a 7,936-bit bus at 3,996 MHz, 31/32 of the 8 stacks' bus as
+#              186 GB is 31/32 of their 192: 7,928 GB/s. NVLink 5 1.8 TB/s -> 900, and the NVLink domain is the
 #              whole rack: 72 GPUs share the switch fabric (devices_per_node = 72, the estimator's "node" being the
 #              NVLink domain; a GB200 NVL4 board or a job split over racks: --estimate.devices_per_node); 400 Gb/s
 #              per GPU between racks (ConnectX-7, as on the HGX B200; assumed) -> 50 GB/s. torch names the part
