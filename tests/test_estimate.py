@@ -810,7 +810,11 @@ def test_sequence_parallel_layout_copies():
 
     # batch 4: 2 all-gathers + 2 reduce-scatters each way; op recompute redoes the 2 all-gathers
     assert copies("--training.local_batch_size=4") == (8 * d * b, 8 * d * b, 4 * d * b)
-    assert copies("--training.local_batch_size=4", mode="full") == (8 * d * b, 8 * d * b, 8 * d * b)
+    # full recompute redoes the 2 all-gathers and the first reduce-scatter (it stops before w2's); all 4 without
+    # early stop
+    assert copies("--training.local_batch_size=4", mode="full") == (8 * d * b, 8 * d * b, 6 * d * b)
+    whole = copies("--training.local_batch_size=4", "--estimate.ac_early_stop=false", mode="full")
+    assert whole == (8 * d * b, 8 * d * b, 8 * d * b)
     # batch 1: the all-gathers' outputs are views, the reduce-scatters still copy
     assert copies("--training.local_batch_size=1") == (4 * d * b, 4 * d * b, 0)
     assert copies("--training.local_batch_size=4", "--estimate.async_tp=true") == (0, 4 * d * b, 0)
@@ -840,6 +844,36 @@ def test_float8_tp_casts_once_before_the_collective():
     assert float8_tp_shared_cast_bytes(no_tp, set()) == (0, 0, 0)
 
 
+def test_full_recompute_stops_before_w2_as_the_trainer_does():
+    """A fully checkpointed block's recompute reruns 6 of its 7 matmuls: torch's non-reentrant checkpoint (this
+    trainer's) stops once the last tensor backward saved is rebuilt, before w2 runs, which
+    tests/test_activation_checkpoint.py counts on the trainer's own model; a compiled block's partitioner recomputes
+    only what backward reads, so never w2 either. `--estimate.ac_early_stop=false` (reentrant checkpointing,
+    torchtitan since its PR #1580) reruns the whole block, in eager blocks only."""
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import Rates, _linear_time, block_pass
+
+    argv = [*H100, "--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=1",
+            "--activation_checkpoint.mode=full", "--estimate.num_devices=8"]  # fmt: skip
+
+    def passes(*extra):
+        plan = build_plan(parse_args([*argv, *extra]))
+        r = Rates(plan)
+        full, none = (block_pass(plan, r, m, plan.tokens_per_pass) for m in ("full", "none"))
+        w2 = next(lin for lin in plan.block_linears if lin.name == "w2")
+        w2_fwd = _linear_time(r, w2, plan.tokens_per_pass, plan.tp, plan.act_bytes)[0]
+        return full, none, w2_fwd
+
+    full, none, w2_fwd = passes()
+    whole, _, _ = passes("--estimate.ac_early_stop=false")
+    assert none.recompute == 0 and w2_fwd > 0
+    # early stop saves w2's forward, and nothing else
+    assert whole.recompute - full.recompute == pytest.approx(w2_fwd, rel=1e-9)
+    compile_ = ["--compile.enable=true", "--compile.components=model"]
+    compiled, _, _ = passes(*compile_)
+    assert passes(*compile_, "--estimate.ac_early_stop=false")[0].recompute == compiled.recompute
+
+
 def test_async_tp_leaves_the_backward_reduce_scatters_exposed():
     """Async TP prices the collectives torch's micro-pipeline pass fuses by their measured exposure (forward and
     backward graph, efficiency.py); the backward's two reduce-scatters per block (of summed input gradients) it
@@ -861,9 +895,14 @@ def test_async_tp_leaves_the_backward_reduce_scatters_exposed():
     assert async_tp_exposed_time(plan, r, tokens, modes, False, False) == pytest.approx(
         len(modes) * per_block * one, rel=0.05
     )
-    full = 4 * e.async_tp_exposed + 6 * e.async_tp_backward_exposed_full + 2 * e.tp_exposed  # 4 recomputed
+    # full AC: 3 recomputed (the recompute stops before w2 and its reduce-scatter), 4 without early stop
+    full = 4 * e.async_tp_exposed + 5 * e.async_tp_backward_exposed_full + 2 * e.tp_exposed
     assert async_tp_exposed_time(plan, r, tokens, ["full"], False, False) == pytest.approx(
         full * one, rel=0.05
+    )
+    whole = build_plan(parse_args([*argv, "--estimate.ac_early_stop=false"]))
+    assert async_tp_exposed_time(whole, r, tokens, ["full"], False, False) == pytest.approx(
+        full * one + e.async_tp_backward_exposed_full * one, rel=0.05
     )
     no_sp = build_plan(parse_args([*argv, "--parallelism.enable_sequence_parallel=false"]))
     assert async_tp_exposed_time(no_sp, r, tokens, modes, False, False) == pytest.approx(

@@ -467,6 +467,14 @@ class Estimate:
         " cuDNN on Hopper and Blackwell, FlashAttention-2 elsewhere); flash = FlashAttention-2 (torch's choice on Hopper"
         " before 2.9, for runs on older software); cudnn = cuDNN attention",
     )
+    ac_early_stop: bool = opt(
+        True,
+        "a fully checkpointed block's recompute stops once the tensors its backward needs are rebuilt, so its last"
+        " matmul (w2) and that matmul's TP collective never run again (this trainer: torch's non-reentrant"
+        " checkpoint with early stop; compiled blocks always, the partitioner keeping only what backward reads);"
+        " false: the whole block is recomputed (reentrant checkpointing, or torchtitan from its PR #1580, 2025-08,"
+        " whose activation_checkpoint.early_stop defaults to false): for runs on that software",
+    )
     sac_saves_attention: bool = opt(
         True,
         "selective op AC keeps SDPA's output (this trainer's save list names every SDPA backend); false: attention"

@@ -44,6 +44,8 @@ class BlockShape:
     fused_norm: bool = True
     # selective "op" keeps the attention output (false: the SDPA op is not in the save list and is recomputed)
     op_saves_attention: bool = True
+    # full AC's recompute skips the block's last matmul (w2) and its TP collective (early stop, or compiled)
+    recompute_stops_early: bool = True
     # bytes of a residual-stream element between and inside blocks: the activation dtype under FSDP's mixed
     # precision; 4 under autocast (no FSDP wrapper), where the embedding's fp32 output plus the blocks' bf16 branch
     # outputs promote the stream to fp32 (torchtitan/parallel/mixed_precision.py); 0 = act_bytes
@@ -129,10 +131,13 @@ def backward_working_set_per_token(mode: str, s: BlockShape, compiled: bool) -> 
     return recomputed + grads * b
 
 
-def recomputed_matmuls(mode: str) -> tuple[str, ...]:
-    """Block matmuls whose forward runs again in backward."""
+def recomputed_matmuls(mode: str, stops_early: bool = True) -> tuple[str, ...]:
+    """Block matmuls whose forward runs again in backward. A full recompute that stops early (torch's
+    non-reentrant checkpoint stops once the last tensor backward saved is rebuilt, before the op that saves it
+    runs; a compiled block's partitioner recomputes only what backward reads) never reruns w2: backward needs its
+    input, not its output."""
     if mode == "full":
-        return MATMUL_ORDER
+        return MATMUL_ORDER[:-1] if stops_early else MATMUL_ORDER
     if mode == "op":
         return tuple(m for m in MATMUL_ORDER if m not in OP_SAVED_MATMULS)
     return ()
@@ -148,10 +153,13 @@ def recomputes_elementwise(mode: str) -> bool:
     return mode in ("full", "op")
 
 
-def tp_collectives_recomputed(mode: str) -> int:
+def tp_collectives_recomputed(mode: str, stops_early: bool = True) -> int:
     """Sequence-parallel collectives of a block re-run in recompute: full redoes its 2 all-gathers and 2
-    reduce-scatters; op redoes the 2 all-gathers (the reduce-scatter outputs are saved)."""
-    return {"full": 4, "op": 2}.get(mode, 0)
+    reduce-scatters (the second, w2's output, not when the recompute stops early: `recomputed_matmuls`); op
+    redoes the 2 all-gathers (the reduce-scatter outputs are saved)."""
+    if mode == "full":
+        return 3 if stops_early else 4
+    return 2 if mode == "op" else 0
 
 
 def block_modes(ac_mode: str, ac_option: str, n_layers: int) -> list[str]:

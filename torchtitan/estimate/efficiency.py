@@ -68,15 +68,17 @@ class Efficiency:
     # step: the step time from tokens/s less that) minus the layout copies it removes
     # (steptime.sp_layout_copy_bytes), over the collectives it fuses there (this estimator's ring times), is the
     # hidden fraction: forward 0.29 / 0.33 / 0.34 / 0.37 / 0.35, so 0.66 stays exposed (the mean); the backward
-    # graph's fused collectives (recompute, backward all-gathers) -0.062 / -0.006 / -0.084 under full AC and
-    # -0.40 / -0.41 under op SAC: exposed 1.05 and 1.40, i.e. there the fused ops cost more than the plain
+    # graph's fused collectives (recompute, backward all-gathers) 0.011 / 0.078 / -0.017 under full AC and
+    # -0.40 / -0.41 under op SAC: exposed 0.98 and 1.40; above 1, the fused ops cost more than the plain
     # collectives plus the copies they replace (the post names the decomposed matmuls' wave quantization). The
     # backward's saving is net of the change async TP's shorter compute makes to FSDP's exposure
     # (collectives.overlap_extension: fewer GEMMs beside the rings); before that rule (session 19) it read
-    # -0.077 / -0.055 / -0.084 and -0.42 / -0.45 (1.07, 1.43). Blocks without recompute take the op-SAC figure (no
+    # -0.077 / -0.055 / -0.084 and -0.42 / -0.45 (1.07, 1.43); until session 44 the full-AC recompute counted w2's
+    # reduce-scatter, which the recompute does not rerun (activations.tp_collectives_recomputed): -0.062 / -0.006 /
+    # -0.084 (1.05). Blocks without recompute take the op-SAC figure (no
     # measurement). docs/estimate_log.md, "Async TP, measured"; tests/test_estimate_validation.py re-derives all three.
     async_tp_exposed: float = 0.66
-    async_tp_backward_exposed_full: float = 1.05
+    async_tp_backward_exposed_full: float = 0.98
     async_tp_backward_exposed: float = 1.40
     # ---- memory ----
     fragmentation: float = 0.05  # caching-allocator reserved / allocated at the peak

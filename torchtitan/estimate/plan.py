@@ -395,6 +395,7 @@ class Plan:
             f8_partial=f8_some,
             fused_norm=not self.hw.is_cpu and self.cfg.estimate.eager_rms_norm == "fused",
             op_saves_attention=self.cfg.estimate.sac_saves_attention,
+            recompute_stops_early=self.compile_model or self.cfg.estimate.ac_early_stop,
         )
 
     @property

@@ -341,7 +341,7 @@ def _rowwise_measured_time(
 def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     """One block's forward + backward (+ recompute) over `tokens` tokens."""
     p, s, b = Pass(), plan.shape, plan.act_bytes
-    rec_mm = recomputed_matmuls(mode)
+    rec_mm = recomputed_matmuls(mode, s.recompute_stops_early)
     p.gemms = 3 * len(plan.block_linears)  # forward, input gradient, weight gradient
     for lin in plan.block_linears:
         f, bw = _linear_time(r, lin, tokens, plan.tp, b)
@@ -457,7 +457,7 @@ def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
     ag_b = (wo_grad + w2_grad) if gather_copies else 0
     fwd = 2 * d * (ag_f + 2 * b)  # 2 all-gathers + 2 reduce-scatters, each read + written
     bwd = 2 * d * (ag_b + 2 * b)
-    n = tp_collectives_recomputed(mode)
+    n = tp_collectives_recomputed(mode, plan.shape.recompute_stops_early)
     rec = 2 * d * ((ag_f if n >= 2 else 0) + max(0, n - 2) * b)
     return fwd, bwd, rec
 
@@ -665,12 +665,13 @@ def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float
         attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
         fwd_ag = coll(attn_in) + coll(ffn_in)
         rs = coll(b, "reduce_scatter")
-        n = tp_collectives_recomputed(mode)
+        n = tp_collectives_recomputed(mode, plan.shape.recompute_stops_early)
         rec = (fwd_ag if n >= 2 else 0.0) + max(0, n - 2) * rs
         return fwd_ag + 2 * rs, rec, coll(wo_grad) + coll(w2_grad) + 2 * rs
-    # 2 all-reduces forward, 2 backward (2 more for full recompute)
+    # 2 all-reduces forward, 2 backward (2 more for full recompute, 1 when it stops before w2)
     ar = coll(b, "all_reduce")
-    return 2 * ar, (2 * ar if mode == "full" else 0.0), 2 * ar
+    n_rec = (1 if plan.shape.recompute_stops_early else 2) if mode == "full" else 0
+    return 2 * ar, n_rec * ar, 2 * ar
 
 
 def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool) -> float:
