@@ -75,8 +75,8 @@ class Efficiency:
     # (collectives.overlap_extension: fewer GEMMs beside the rings); before that rule (session 19) it read
     # -0.077 / -0.055 / -0.084 and -0.42 / -0.45 (1.07, 1.43); until session 44 the full-AC recompute counted w2's
     # reduce-scatter, which the recompute does not rerun (activations.tp_collectives_recomputed): -0.062 / -0.006 /
-    # -0.084 (1.05). Blocks without recompute take the op-SAC figure (no
-    # measurement). docs/estimate_log.md, "Async TP, measured"; tests/test_estimate_validation.py re-derives all three.
+    # -0.084 (1.05). Blocks without recompute take the op-SAC figure (no measurement). docs/estimate_log.md, "Async
+    # TP, measured"; tests/test_estimate_validation.py re-derives all three.
     async_tp_exposed: float = 0.66
     async_tp_backward_exposed_full: float = 0.98
     async_tp_backward_exposed: float = 1.40
