@@ -321,12 +321,13 @@ TITAN_CONFIGS = ROOT / "tests" / "assets" / "torchtitan_configs"
         (  # no colours, no prefixes, the keyword mesh line of 2025-12, HSDP with two micro-steps
             "2026-01_llama3_8b_hsdp.log", 8, {"dp_replicate": 2, "dp_shard": 4}, "H200", 7130.0, 52.5,
             {"compile.enable": False, "activation_checkpoint.mode": "none", "float8.recipe": "tensorwise",
-             "training.global_batch_size": 16},
+             "training.global_batch_size": 16, "estimate.ac_early_stop": False},
         ),
         (  # the registry era: SelectiveAC's class name, the batch in tokens per DP rank and per train step
             "2026-09_llama3_8b_registry.log", 8, {"dp_shard": 8}, "H100 SXM", 6970.0, 58.36,
             {"compile.components": ["model"], "activation_checkpoint.mode": "selective",
-             "training.local_batch_size": 2, "training.seq_len": 8192, "training.global_batch_size": 32},
+             "training.local_batch_size": 2, "training.seq_len": 8192, "training.global_batch_size": 32,
+             "estimate.ac_early_stop": False},
         ),
     ],
 )  # fmt: skip
@@ -341,6 +342,32 @@ def test_a_torchtitan_log_of_each_era_is_read(name, world, degrees, device, medi
     assert run.titan.params == 8_030_261_248
     assert {k: v for k, v in run.titan.degrees.items() if v > 1} == degrees
     assert {k: run.titan.settings[k] for k in settings} == settings
+    # only a log dated after torchtitan#1580 (2025-08-29) says its checkpointed blocks recompute w2
+    assert ("estimate.ac_early_stop" in run.titan.settings) == ("estimate.ac_early_stop" in settings)
+
+
+def test_a_torchtitan_log_after_its_early_stop_default_prices_the_whole_recompute(tmp_path):
+    """torchtitan#1580 (2025-08-29) made its checkpointed blocks recompute their whole forward, w2 included; the GC
+    line's wording of torchtitan#1737 (2025-09-22) dates a log after it. The same eager full-AC run logged in both
+    wordings: the later one is estimated as --estimate.ac_early_stop=false estimates it, slower, so the plan (this
+    trainer, which stops early) is scaled up by as much; the earlier one as the plan's default."""
+    eager = {"drop": "Compiling"}
+    before = _edited_log(tmp_path / "before", **eager)
+    after = _edited_log(tmp_path / "after", replace=("collection 0.00 seconds", "collection took 0.00 seconds"),
+                        **eager)  # fmt: skip
+    plan = [*PLAN, "--estimate.num_devices=64"]
+    got = {log: estimate([*plan, f"--estimate.anchor={log}"])["anchor"] for log in (before, after)}
+    assert "estimate.ac_early_stop" not in got[before]["from_log"]
+    assert got[after]["from_log"]["estimate.ac_early_stop"] is False
+    by_flag = {
+        flag: estimate([*plan, f"--estimate.anchor={before}", f"--estimate.ac_early_stop={flag}"])["anchor"]
+        for flag in ("true", "false")
+    }
+    rate = {log: a["estimated_tokens_per_sec_per_device"] for log, a in got.items()}
+    assert rate[before] == by_flag["true"]["estimated_tokens_per_sec_per_device"]
+    assert rate[after] == by_flag["false"]["estimated_tokens_per_sec_per_device"]
+    assert rate[after] < 0.99 * rate[before]
+    assert got[after]["ratio"] > got[before]["ratio"]
 
 
 def test_several_ranks_logging_without_a_prefix_count_each_step_once(tmp_path):
@@ -409,6 +436,7 @@ def _edited_log(tmp_path: Path, drop: str = "", replace: tuple[str, str] = ("", 
         for x in text.splitlines()
         if not (drop and re.search(drop, x))
     ]
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "run.log"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -421,7 +421,7 @@ class Estimate:
         None,
         "with a torchtitan log as estimate.anchor: the config file its run used (torchtitan's TOML or ours);"
         " default the plan's own config. The layout, batch, compile, activation checkpointing and float8 the log"
-        " states override it",
+        " states override it, and a log dated after torchtitan#1580 (2025-08) sets estimate.ac_early_stop=false",
     )
     accuracy: bool = opt(
         True,

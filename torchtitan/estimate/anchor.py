@@ -21,7 +21,8 @@ communicator set-up). Or the run is a torchtitan log of rank 0 (a file; torchtit
 tokens/s per device and memory, the world size of its mesh line, the device of its capacity line; its configuration
 is `--estimate.anchor_config` (torchtitan's TOML, converted, or ours) or else the plan's, with what the log states
 (layout, batch, compile, activation checkpointing, float8) over it, and a model whose parameter count differs from
-the log's is refused. The published runs anchoring was validated on are torchtitan's. The anchor's own configuration
+the log's is refused; a log dated after torchtitan#1580 (2025-08-29) is estimated with its whole-block recompute
+(`--estimate.ac_early_stop=false`). The published runs anchoring was validated on are torchtitan's. The anchor's own configuration
 is estimated with the plan's [estimate] options and its own world size; the plan's step time gets the term
 `anchor_correction` (its step time / ratio - its step time), and every figure derived from the step time moves with
 it; an anchored peak gets the memory term `anchor_correction` and its fits verdict follows. The unanchored figures
@@ -126,9 +127,10 @@ def read_anchor(path: str) -> MeasuredRun:
 
 def _titan_config(plan_cfg, config_file: str | None, log: TorchtitanLog):
     """The configuration a torchtitan log's run is estimated with: the config file it used (torchtitan's TOML,
-    converted as scripts/convert_torchtitan_config.py does, or ours), else the plan's own; then what the log states
-    (layout, batch, compile, activation checkpointing, float8) over it. Returns it and {key: the log's value} of the
-    values the log changed."""
+    converted as scripts/convert_torchtitan_config.py does, or ours), else the plan's own, with the plan's [estimate]
+    options; then what the log states (layout, batch, compile, activation checkpointing, float8, and a recompute of
+    the whole block where the log dates the run after torchtitan#1580) over it. Returns it and {key: the log's value}
+    of the values the log changed."""
     from torchtitan.config import JobConfig, parse_args
     from torchtitan.config.manager import _load_toml, apply_sections
     from torchtitan.config.torchtitan_compat import convert
@@ -140,6 +142,8 @@ def _titan_config(plan_cfg, config_file: str | None, log: TorchtitanLog):
         acfg = apply_sections(JobConfig(), convert(toml, config_file).config, config_file)
     else:
         acfg = parse_args([f"--job.config_file={config_file}"])
+    # the plan's [estimate] options, but for what the log dates (its recompute)
+    acfg.estimate = copy.deepcopy(plan_cfg.estimate)
     changed = {}
     for key, value in log.settings.items():
         section, name = key.split(".")
@@ -243,11 +247,11 @@ def anchor_estimate(cfg, calibration, result: dict) -> None:
             )
         config, changed = str(Path(est.anchor) / "config.toml"), {}
         acfg = parse_args([f"--job.config_file={config}"])
+        acfg.estimate = copy.deepcopy(est)
     else:
         config = est.anchor_config or "the plan's config"
         acfg, changed = _titan_config(cfg, est.anchor_config, run.titan)
     validate(acfg)
-    acfg.estimate = copy.deepcopy(est)
     acfg.estimate.num_devices, acfg.estimate.anchor, acfg.estimate.total_tokens = run.world_size, None, None
     anchored = estimate_plan(build_plan(acfg, calibration))
     if run.titan is not None and run.titan.params not in (None, anchored["model"]["params"]):

@@ -31,8 +31,18 @@ several ranks logging without a prefix give one step each, its first tokens/s an
   layers ("MX training active ...", "Swapped to MXLinear layers", "Converted Linear layers to MXFP8Linear" /
   "NVFP4Linear") are not priced and refused.
 
-What the log states about the layout, batch, compile, activation checkpointing and float8 overrides the config the
-run is estimated with (torchtitan runs are often launched with command-line overrides the TOML does not hold).
+- the era of its recompute: torchtitan's PR #1580 (2025-08-29) made `activation_checkpoint.early_stop` default to
+  false (since 2026-06 it is not an option: always false), so a fully checkpointed eager block recomputes its whole
+  forward, w2 included, where torch's default (the trainer's, and torchtitan's before) stops before w2. A log is
+  dated after that PR by any of: the GC line's "[GC] Initial GC collection took 0.00 seconds" (torchtitan#1737,
+  2025-09-22; "... collection 0.00 seconds" before), the keyword mesh line (2025-12), the AC class names (2026-06),
+  the tokens-per-DP-rank line (2026-08); its run is then estimated with `--estimate.ac_early_stop=false`. A log of
+  2025-08-29 .. 09-22 shows none of them and keeps the plan's setting (a user who set early_stop back to true in
+  2025-09 .. 2026-06 is not seen either).
+
+What the log states about the layout, batch, compile, activation checkpointing, float8 and the recompute's era
+overrides the config the run is estimated with (torchtitan runs are often launched with command-line overrides the
+TOML does not hold).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ _PARAMS = re.compile(r"Model \S+ \S+ size: ([\d,]+) total parameters")
 _COMPILED = re.compile(r"Compil(?:ed|ing) each TransformerBlock with torch\.compile")
 _COMPILED_LOSS = re.compile(r"Compiling the loss function with torch\.compile")
 _AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
+_GC_TOOK = re.compile(r"\[GC\] .+ took [\d.]+ seconds")  # torchtitan#1737 (2025-09-22) on
 _FLOAT8 = re.compile(r"Swapped to .*[Ff]loat8.* layers|Float8 .*training active")
 _RECIPE = re.compile(r"Float8 training active with recipe (\w+)")
 # MX / NVFP4 linear layers (2025-03 on): "MX training active with recipe mxfp8", "Swapped to MXLinear layers",
@@ -168,6 +179,8 @@ def read_log(path: str) -> TorchtitanLog:
     compiled = loss = float8 = False
     recipe = "tensorwise"
     ac = "none"
+    # after torchtitan#1580 (2025-08-29), whose checkpointed blocks recompute w2 too (the module docstring)
+    whole_recompute = any(_MESH_KW.search(line) for line in lines)
     for line in lines:
         if (m := _DEVICE.search(line)) and log.device is None:
             log.device = m.group(1).strip()
@@ -187,6 +200,7 @@ def read_log(path: str) -> TorchtitanLog:
                 )
             settings["training.local_batch_size"], settings["training.seq_len"] = per_rank // context, context
             settings["training.global_batch_size"] = per_step // context
+            whole_recompute = True
         elif m := _AC.search(line):
             if m.group(1) not in _AC_MODES:
                 raise UserError(
@@ -194,6 +208,7 @@ def read_log(path: str) -> TorchtitanLog:
                     " prices full and selective (and none): anchor on a run of one of those"
                 )
             ac = _AC_MODES[m.group(1)]
+            whole_recompute |= m.group(1) in ("FullAC", "SelectiveAC")
         elif m := _RECIPE.search(line):
             recipe = m.group(1)
         elif m := _OTHER_LOW_PRECISION.search(line):
@@ -201,6 +216,7 @@ def read_log(path: str) -> TorchtitanLog:
                 f"estimate.anchor {path}: the run trained with {next(g for g in m.groups() if g)} linear layers; the"
                 " estimator prices bf16 and float8 tensorwise and rowwise: anchor on a run of one of those"
             )
+        whole_recompute |= bool(_GC_TOOK.search(line))
         compiled |= bool(_COMPILED.search(line))
         loss |= bool(_COMPILED_LOSS.search(line))
         float8 |= bool(_FLOAT8.search(line))
@@ -208,6 +224,8 @@ def read_log(path: str) -> TorchtitanLog:
     if compiled or loss:
         settings["compile.components"] = [c for c, on in (("model", compiled), ("loss", loss)) if on]
     settings["activation_checkpoint.mode"] = ac
+    if whole_recompute:
+        settings["estimate.ac_early_stop"] = False
     settings["float8.enable"] = float8
     if float8:
         if recipe not in ("tensorwise", "rowwise"):
