@@ -47,7 +47,9 @@ DECODE_HBM_INT4 = round(
 class Efficiency:
     # ---- memory-bound work (fractions of the HBM bandwidth) ----
     # elementwise kernels, casts, the loss, the optimizer: gpt-fast measures "about 1700 GB/s" of a 330 W A100's
-    # 2039 (0.83) in its memory-bound decode; streaming kernels of several inputs sustain a little less
+    # 2039 (0.83) in its memory-bound decode; streaming kernels of several inputs sustain a little less. Checked on
+    # torch's eager kernels on an H100 SXM (Liger-Kernel's benchmark data, `relu_squared` by torch: two contiguous
+    # bf16 kernels at 4096 x 4096..16384): 0.75 / 0.82 / 0.86 of 3,352 GB/s (docs/estimate.md, "Rates")
     hbm: float = 0.80
     # ---- communication (NCCL bus bandwidth as a fraction of the link's datasheet peak, one direction) ----
     # NVLink: nccl-tests' all-gather bus bandwidth on 8 H100 SXM is 360 of NVLink 4's 450 GB/s per direction
