@@ -22,8 +22,8 @@ tokens/s per device and memory, the world size of its mesh line, the device of i
 is `--estimate.anchor_config` (torchtitan's TOML, converted, or ours) or else the plan's, with what the log states
 (layout, batch, compile, activation checkpointing, float8) over it, and a model whose parameter count differs from
 the log's is refused; a log dated after torchtitan#1580 (2025-08-29) is estimated with its whole-block recompute
-(`--estimate.ac_early_stop=false`). The published runs anchoring was validated on are torchtitan's. The anchor's own configuration
-is estimated with the plan's [estimate] options and its own world size; the plan's step time gets the term
+(`--estimate.ac_early_stop=false`). The published runs anchoring was validated on are torchtitan's. The anchor's own
+configuration is estimated with the plan's [estimate] options and its own world size; the plan's step time gets the term
 `anchor_correction` (its step time / ratio - its step time), and every figure derived from the step time moves with
 it; an anchored peak gets the memory term `anchor_correction` and its fits verdict follows. The unanchored figures
 stay in the JSON (`unanchored`).
