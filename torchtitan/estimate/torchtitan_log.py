@@ -71,9 +71,17 @@ _PARAMS = re.compile(r"Model \S+ \S+ size: ([\d,]+) total parameters")
 _COMPILED = re.compile(r"Compil(?:ed|ing) each TransformerBlock with torch\.compile")
 _COMPILED_LOSS = re.compile(r"Compiling the loss function with torch\.compile")
 _AC = re.compile(r"Applied (\w+) activation checkpointing to the model")
-_GC_TOOK = re.compile(r"\[GC\] .+ took [\d.]+ seconds")  # torchtitan#1737 (2025-09-22) on
 _FLOAT8 = re.compile(r"Swapped to .*[Ff]loat8.* layers|Float8 .*training active")
 _RECIPE = re.compile(r"Float8 training active with recipe (\w+)")
+# lines that date a log after torchtitan#1580 (2025-08-29), whose checkpointed blocks recompute w2 too (the module
+# docstring): the GC line's "took" (torchtitan#1737, 2025-09-22), the keyword mesh line, the tokens per DP rank, the
+# AC class names
+_AFTER_WHOLE_RECOMPUTE = (
+    re.compile(r"\[GC\] .+ took [\d.]+ seconds"),
+    _MESH_KW,
+    _TOKEN_BATCH,
+    re.compile(r"Applied (?:FullAC|SelectiveAC) activation checkpointing"),
+)
 # MX / NVFP4 linear layers (2025-03 on): "MX training active with recipe mxfp8", "Swapped to MXLinear layers",
 # "Converted Linear layers to MXFP8Linear" / "NVFP4Linear"
 _OTHER_LOW_PRECISION = re.compile(
@@ -179,8 +187,7 @@ def read_log(path: str) -> TorchtitanLog:
     compiled = loss = float8 = False
     recipe = "tensorwise"
     ac = "none"
-    # after torchtitan#1580 (2025-08-29), whose checkpointed blocks recompute w2 too (the module docstring)
-    whole_recompute = any(_MESH_KW.search(line) for line in lines)
+    whole_recompute = False
     for line in lines:
         if (m := _DEVICE.search(line)) and log.device is None:
             log.device = m.group(1).strip()
@@ -200,7 +207,6 @@ def read_log(path: str) -> TorchtitanLog:
                 )
             settings["training.local_batch_size"], settings["training.seq_len"] = per_rank // context, context
             settings["training.global_batch_size"] = per_step // context
-            whole_recompute = True
         elif m := _AC.search(line):
             if m.group(1) not in _AC_MODES:
                 raise UserError(
@@ -208,7 +214,6 @@ def read_log(path: str) -> TorchtitanLog:
                     " prices full and selective (and none): anchor on a run of one of those"
                 )
             ac = _AC_MODES[m.group(1)]
-            whole_recompute |= m.group(1) in ("FullAC", "SelectiveAC")
         elif m := _RECIPE.search(line):
             recipe = m.group(1)
         elif m := _OTHER_LOW_PRECISION.search(line):
@@ -216,7 +221,7 @@ def read_log(path: str) -> TorchtitanLog:
                 f"estimate.anchor {path}: the run trained with {next(g for g in m.groups() if g)} linear layers; the"
                 " estimator prices bf16 and float8 tensorwise and rowwise: anchor on a run of one of those"
             )
-        whole_recompute |= bool(_GC_TOOK.search(line))
+        whole_recompute |= any(p.search(line) for p in _AFTER_WHOLE_RECOMPUTE)
         compiled |= bool(_COMPILED.search(line))
         loss |= bool(_COMPILED_LOSS.search(line))
         float8 |= bool(_FLOAT8.search(line))
