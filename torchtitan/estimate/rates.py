@@ -18,8 +18,8 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
   attention the SDPA kernel's forward and backward TFLOPS by sequence length: on Hopper cuDNN attention (torch's
             choice there since 2.11's bundled cuDNN) or FlashAttention-2 (older torch), by head dim 64 / 128, from
             the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
-            published plateaus; B200 and GB200: torch SDPA's cuDNN backend, measured on a B200 (the GB200 at the
-            B200's TFLOPS); B300 and GB300: that curve times the GB300 / GB200 ratio measured with one cuDNN (Blackwell
+            published plateaus; B200 and GB200: torch SDPA's cuDNN backend, measured on a B200 less the
+            benchmark's host time per call (the GB200 at the B200's TFLOPS); B300 and GB300: that curve times the GB300 / GB200 ratio measured with one cuDNN (Blackwell
             Ultra's doubled exponential units); MI355X: torch's SDPA measured on an MI355X; the same power factor.
 """
 
@@ -640,13 +640,55 @@ def fwd_bwd_tflops(tflops_at, seq: float) -> float:
 # sdpa_benchmark_results_NVIDIA_B200.csv: one B200 (free clock), torch 2.8.0a0 nv25.05, CUDA 12.9, cuDNN 9.10.2,
 # torch SDPA with the cuDNN backend (`pyt_cudnn`), bf16, head dim 128, causal, batch 1, 128 query / 8 KV heads,
 # TFLOPS on the causal-halved FLOPs (backward 2.5x the forward's), as the estimator counts them. Its 128 heads give a
-# call 4x the work of Llama 3 8B's 32 heads at the same length (at 8K the optimistic reading), and batch 1 leaves
-# short sequences launch-bound (there it reads low). No non-causal figure was published with it: non-causal attention
-# (context parallelism's ring steps) is priced at these causal rates times the non-causal / causal ratio measured
-# with one cuDNN on the part's own silicon (CUDNN919_*_NO_MASK below).
+# call 4x the work of Llama 3 8B's 32 heads at the same length (at 8K the optimistic reading). No non-causal figure
+# was published with it: non-causal attention (context parallelism's ring steps) is priced at these causal rates
+# times the non-causal / causal ratio measured with one cuDNN on the part's own silicon (CUDNN919_*_NO_MASK below).
 B200_ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-B200_CUDNN_FWD = (66.28, 216.11, 525.475, 897.309, 1211.14, 1358.566, 1435.072, 1428.973, 1348.674)
-B200_CUDNN_BWD = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387, 1074.456, 1037.897)
+B200_SDPA_CALL = (1, 128, 128)  # the benchmark's batch, query heads and head dim
+B200_CUDNN_FWD_MEASURED = (66.28, 216.11, 525.475, 897.309, 1211.14, 1358.566, 1435.072, 1428.973, 1348.674)
+B200_CUDNN_BWD_MEASURED = (43.512, 178.132, 383.705, 709.138, 945.44, 1074.499, 1132.387, 1074.456, 1037.897)
+# Those times include the host's dispatch of the call. The benchmark (benchmark_single_sdpa.py at f937055) records a
+# CUDA event, calls torch's SDPA (or `output.backward`) under autograd's emit_nvtx, records a second event and
+# synchronizes, one call at a time on an idle stream: the GPU waits between the two events while the host dispatches,
+# so short calls measure the host. At 512 tokens the file's three flash-type backends take 0.130 / 0.142 / 0.147 ms
+# forward (cuDNN, torch's FlashAttention-2, the flash-attn package) and 0.494 / 0.514 / 0.629 ms backward, where their
+# kernels need about a tenth of that. In a training step the host runs ahead of the GPU and that time is hidden, so
+# the kernels' rates are the measured times less this floor. Each direction's floor is solved from two adjacent
+# lengths, whose causal work differs 4x, as t = floor + work / rate with one rate for both: forward 0.120 ms (512 and
+# 1024), backward 0.344 ms (1024 and 2048: the backward at 512, 0.494 ms, is not above 1024's 0.482, so its host time
+# varies by more than that kernel's). The kernel curves start at 1024 (below it, proportional to the length, the
+# rule for every curve); above 16K the floor is under 2 % of a call. cudnn-frontend's later benchmark (the cuDNN 9.19
+# curves below and the H200's above) reads each kernel's device time from torch's profiler: no floor to remove.
+# Until 2026-12-03 the measured curve was priced as it is, 0.55x the kernel's rate at 2K forward and 0.62x backward
+# (docs/estimate_log.md, "The B200's attention curve without the benchmark's host time").
+
+
+def _call_work(seq: float, backward: bool) -> float:
+    """Causal-halved FLOPs of one call of the B200 benchmark (B200_SDPA_CALL) at this length."""
+    batch, heads, head_dim = B200_SDPA_CALL
+    return (2.5 if backward else 1.0) * 2.0 * batch * heads * head_dim * seq * seq
+
+
+def _host_floor_s(measured: tuple[float, ...], backward: bool, i: int) -> float:
+    """Seconds of host dispatch in each measured call, solved from lengths i and i + 1 (4x the work, one rate)."""
+    t = [_call_work(s, backward) / (tflops * 1e12) for s, tflops in zip(B200_ATTN_SEQ, measured)]
+    return (4.0 * t[i] - t[i + 1]) / 3.0
+
+
+def _kernel_curve(measured: tuple[float, ...], backward: bool, floor_s: float) -> tuple[float, ...]:
+    """The measured curve less the host floor, from 1024 tokens on (B200_KERNEL_SEQ)."""
+    out = []
+    for seq, tflops in zip(B200_ATTN_SEQ[1:], measured[1:]):
+        work = _call_work(seq, backward)
+        out.append(work / (work / (tflops * 1e12) - floor_s) / 1e12)
+    return tuple(out)
+
+
+B200_HOST_FWD_S = _host_floor_s(B200_CUDNN_FWD_MEASURED, False, 0)
+B200_HOST_BWD_S = _host_floor_s(B200_CUDNN_BWD_MEASURED, True, 1)
+B200_KERNEL_SEQ = B200_ATTN_SEQ[1:]
+B200_CUDNN_FWD = _kernel_curve(B200_CUDNN_FWD_MEASURED, False, B200_HOST_FWD_S)
+B200_CUDNN_BWD = _kernel_curve(B200_CUDNN_BWD_MEASURED, True, B200_HOST_BWD_S)
 # The GB200 (sm100 too) runs the same kernels at the B200's absolute rates, not 11 % above them as the datasheets'
 # peaks would have it: Azure's AI-benchmarking-guide times FlashAttention-2 (its benchmark_flash_attention.py, head
 # dim 128, batch 2 x 8192) at 373.9 TFLOPS on a GB200 and 327.9 on an H100 (x 1.14, one method), and the B200's
@@ -734,7 +776,7 @@ def attention_fraction(
     if device in BLACKWELL_DEVICES:
         peak = GEMM_SOURCES[device].table_peak
         if backend == "cudnn":  # cuDNN attention (above), measured causal
-            tflops = _interp_on(seq, B200_ATTN_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD)
+            tflops = _interp_on(seq, B200_KERNEL_SEQ, B200_CUDNN_BWD if backward else B200_CUDNN_FWD)
             if device in BLACKWELL_ULTRA_DEVICES:
                 tflops *= blackwell_ultra_attention_gain(seq, backward)
             if not causal:
