@@ -1814,6 +1814,49 @@ def test_cpu_offload_is_reported_as_not_priced(tmp_path, capsys):
     assert "not_priced" not in json.loads(out.read_text()) and "not priced" not in capsys.readouterr().out
 
 
+def test_nanotron_step_costs_are_priced_by_their_bytes():
+    """nanotron's three per-micro-step costs, each an option for runs of that software (docs/estimate.md): its fp32
+    gradient accumulator (--estimate.grad_accumulator=fp32) adds 2 + 8 bytes a parameter after every micro-step's
+    backward; its fp32 cross-entropy (--estimate.eager_loss=sharded_fp32) moves 52 bytes a logit where torch's moves
+    36; SiLU and the gate product over a fused linear's strided halves (--estimate.swiglu=split) move the same bytes
+    at 0.525 of the bandwidth instead of 0.80. Compiled blocks and a compiled loss keep their fused kernels."""
+    from torchtitan.estimate import rates
+    from torchtitan.estimate.plan import build_plan as plan_of
+
+    argv = ["--model.flavor=1B", "--estimate.hardware=h100-sxm", "--estimate.num_devices=8",
+            "--parallelism.data_parallel_replicate_degree=8", "--parallelism.data_parallel_shard_degree=1",
+            "--training.seq_len=4096", "--training.local_batch_size=1", "--training.global_batch_size=32",
+            "--activation_checkpoint.mode=none", "--compile.enable=false", "--estimate.dp_grad_sync=step"]  # fmt: skip
+    plan = plan_of(parse_args(argv))
+    base = estimate_plan(plan)
+    hbm = 3350e9 * 0.80
+    micro_steps, tokens = 4, 4096
+
+    def delta(*extra: str) -> dict:
+        got = estimate_plan(build_plan(parse_args([*argv, *extra])))
+        return {k: got["compute_detail_s"][k] - base["compute_detail_s"][k] for k in base["compute_detail_s"]}
+
+    params = plan.block_params() * plan.args.n_layers + plan.embedding_params() + plan.head_params()
+    acc = delta("--estimate.grad_accumulator=fp32")
+    assert acc["elementwise"] == pytest.approx(micro_steps * params * 10 / hbm, rel=1e-9)
+    assert acc["matmul"] == acc["loss"] == 0
+    loss = delta("--estimate.eager_loss=sharded_fp32")
+    assert loss["loss"] == pytest.approx(micro_steps * tokens * plan.args.vocab_size * 16 / hbm, rel=1e-9)
+    assert loss["elementwise"] == 0
+    swiglu = delta("--estimate.swiglu=split")
+    per_elem = (5 + 9) * 2 * (1 / (rates.STRIDED_SWIGLU_FRACTION * 3350e9) - 1 / hbm)
+    ffn = plan.args.n_layers * plan.shape.f
+    assert swiglu["elementwise"] == pytest.approx(micro_steps * tokens * ffn * per_elem, rel=1e-9)
+    compiled = ["--compile.enable=true", "--compile.components=model,loss"]
+    base_c = estimate_plan(build_plan(parse_args([*argv, *compiled])))
+    nano_c = estimate_plan(
+        build_plan(
+            parse_args([*argv, *compiled, "--estimate.eager_loss=sharded_fp32", "--estimate.swiglu=split"])
+        )
+    )
+    assert nano_c["step_time_s"] == base_c["step_time_s"]
+
+
 def test_ddp_no_sync_prices_one_all_reduce_per_step():
     """--estimate.dp_grad_sync=step: pure data parallelism under accumulation all-reduces once, after the last
     micro-step (DDP's no_sync, nanotron's and Megatron-LM's DDP), where this trainer reduces at every micro-step; the

@@ -520,6 +520,25 @@ class Estimate:
         " micro-step (this trainer) or once per optimizer step after the last (DDP's no_sync, as nanotron and"
         " Megatron-LM's DDP do: for runs of that software)",
     )
+    grad_accumulator: Literal["none", "fp32"] = opt(
+        "none",
+        "where each micro-step's gradients go: none (autograd's own .grad, this trainer) or fp32 = added into an fp32"
+        " buffer of the rank's parameters by one kernel per parameter after every backward, 10 bytes a parameter"
+        " (nanotron's FP32GradientAccumulator, accumulate_grad_in_fp32: for runs of that software)",
+    )
+    eager_loss: Literal["torch", "sharded_fp32"] = opt(
+        "torch",
+        "the cross-entropy outside torch.compile: torch (this trainer: F.cross_entropy on the upcast logits) or"
+        " sharded_fp32 = logits cast to fp32, then max, subtract, exp, sum and divide as separate passes, the fp32"
+        " softmax saved for backward (nanotron's sharded_cross_entropy: for runs of that software)",
+    )
+    swiglu: Literal["separate", "split"] = opt(
+        "separate",
+        "SwiGLU's inputs outside torch.compile: separate (this trainer: w1 and w3 as two linears, contiguous"
+        " outputs) or split = one fused gate/up linear whose output is split into two strided halves before"
+        " SiLU and the product, which run at the strided rate torch's eager kernels measured (nanotron's"
+        " GLUActivation: for runs of that software)",
+    )
     batch_size: int = opt(1, "inference: sequences generated together")
     prompt_len: int = opt(128, "inference: prompt tokens per sequence (prefill)")
     gen_len: int = opt(256, "inference: generated tokens per sequence (decode)")

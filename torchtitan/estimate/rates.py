@@ -840,3 +840,13 @@ def eager_rms_norm_fraction(device: str, width: float, backward: bool) -> float 
     width = min(max(width, lo), hi)
     gbps = _interp_on(width, EAGER_RMS_NORM_WIDTHS, EAGER_RMS_NORM_GBPS[measured][1 if backward else 0])
     return gbps / device_spec(measured).hbm_gbps
+
+
+# SwiGLU over the two strided halves of one fused gate/up linear's output (`--estimate.swiglu=split`: nanotron's
+# GLUActivation, `silu(gate) * up` after torch.split): linkedin/Liger-Kernel's benchmark data (ead96b61,
+# benchmark/data/all_benchmark_data.csv, 2026-07-26, `triton.testing.do_bench` median), provider `megatron_swiglu`
+# (torch's eager `silu(y1) * y2` over torch.chunk of a [2048, 4, 2 x ffn] bf16 tensor, 10 bytes an element of ffn) on
+# an NVIDIA H100 80GB HBM3: 1,752-1,789 GB/s forward, 0.52-0.53 of its 3,352 GB/s, where contiguous eager kernels on
+# the same part sustain 0.75-0.86 (Efficiency.hbm's check). The forward's fraction, taken for the backward too (an
+# assumption: its gradients are written into the same strided halves); on every part, as a fraction of its bandwidth.
+STRIDED_SWIGLU_FRACTION = 0.525

@@ -204,6 +204,18 @@ def eager_norm_extra(plan: Plan, r: Rates) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def eager_swiglu_extra(plan: Plan, r: Rates) -> tuple[float, float]:
+    """(forward, backward) seconds per token a block's eager SiLU and gate product take beyond their bytes at the
+    elementwise rate (r.hbm) when they read the two strided halves of one fused gate/up linear
+    (`--estimate.swiglu=split`): the bytes elementwise_bytes counts for them (5b and 9b per element of the FFN) at
+    rates.STRIDED_SWIGLU_FRACTION of the part's bandwidth. Zero for compiled blocks and for separate linears."""
+    if plan.compile_model or plan.cfg.estimate.swiglu != "split" or plan.hw.is_cpu:
+        return 0.0, 0.0
+    rate = rates.STRIDED_SWIGLU_FRACTION * plan.hw.hbm_gbps * 1e9
+    b, f = plan.act_bytes, plan.shape.f
+    return tuple(max(0.0, n * b * f / rate - n * b * f / r.hbm) for n in (5, 9))
+
+
 # the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output)
 STREAM_INPUT_LINEARS = ("wq", "wk", "wv", "w1", "w3")
 
@@ -382,9 +394,9 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     w = autocast_weight_cast_bytes(plan, plan.block_linears)
     t_ef, t_eb = ((ew_f + a_f) * tokens + w) / r.hbm, ((ew_b + a_b) * tokens + w) / r.hbm
     t_er = ((ew_f + a_r) * tokens + w) / r.hbm if recomputes_elementwise(mode) else 0.0
-    norm_f, norm_b = eager_norm_extra(plan, r)
-    t_ef, t_eb = t_ef + norm_f * tokens, t_eb + norm_b * tokens
-    t_er += norm_f * tokens if recomputes_elementwise(mode) else 0.0
+    for extra_f, extra_b in (eager_norm_extra(plan, r), eager_swiglu_extra(plan, r)):
+        t_ef, t_eb = t_ef + extra_f * tokens, t_eb + extra_b * tokens
+        t_er += extra_f * tokens if recomputes_elementwise(mode) else 0.0
     in_place = block_in_place(plan)
     if in_place is not None:
         scale = in_place * tokens / (t_ef + t_eb)
@@ -477,6 +489,29 @@ def ring_attention_kernels(cp: int, seq: float) -> list[tuple[float, float, bool
     return [(1.0 / cp, seq, True), ((cp - 1) / cp, seq / 2, False)]
 
 
+def loss_bytes_per_logit(plan: Plan) -> float:
+    """Bytes the loss moves per logit, forward and backward (act bytes b). Compiled: one fused kernel each way (4b).
+    Eager, torch's: the fp32 upcast, log-softmax, NLL and their backward (32 + 2b). Eager, nanotron's
+    sharded_cross_entropy (`--estimate.eager_loss=sharded_fp32`; nanotron 0e0a27ea, 2025-02-19, parallel/
+    tensor_parallel/functional.py `_ShardedCrossEntropy`): forward the cast to fp32 (b + 4), max (4), subtract
+    (4 + 4), exp in place (4 + 4), sum (4) and divide (4 + 4), the fp32 softmax saved; backward the product with the
+    output gradient in place (4 + 4) and the cast back (4 + b): 48 + 2b."""
+    b = plan.act_bytes
+    if plan.compile_loss:
+        return 4 * b
+    return 48 + 2 * b if plan.cfg.estimate.eager_loss == "sharded_fp32" else 32 + 2 * b
+
+
+def grad_accumulator_time(plan: Plan, r: Rates, params: float) -> float:
+    """Seconds per micro-step of adding each parameter's gradient into an fp32 buffer
+    (`--estimate.grad_accumulator=fp32`: nanotron's FP32GradientAccumulator, optim/gradient_accumulator.py at
+    0e0a27ea, `fp32_grad.add_(half_param.grad)` per parameter after every backward): the gradient read (b), the
+    buffer read and written (4 + 4), over the rank's `params`. Zero for this trainer (autograd's own .grad)."""
+    if plan.cfg.estimate.grad_accumulator != "fp32":
+        return 0.0
+    return params * (plan.act_bytes + 8) / r.hbm
+
+
 def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     """Final norm, output projection and loss over `tokens` tokens."""
     p, b = Pass(), plan.act_bytes
@@ -492,9 +527,7 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     if r.loss_per_logit is not None and not plan.compile_loss:  # the eager loss as measured (calibrate.py)
         p.loss = tokens * vocab * r.loss_per_logit
     else:
-        # fp32 upcast, log-softmax, NLL and their backward
-        per_logit = 4 * b if plan.compile_loss else 32 + 2 * b
-        p.loss = tokens * vocab * per_logit / r.hbm
+        p.loss = tokens * vocab * loss_bytes_per_logit(plan) / r.hbm
     p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
     w = autocast_weight_cast_bytes(plan, [plan.head]) / r.hbm  # the output weight's cast (tied: the table's)
     p.elementwise += 2 * w
@@ -763,6 +796,13 @@ def pipeline_ratio(plan: Plan) -> float:
     return ratio
 
 
+def rank_params(plan: Plan, n_blocks: int, has_emb: bool, has_head: bool) -> float:
+    """Parameters a rank holds: its stage's blocks, embedding and head, over the FSDP shards."""
+    whole = n_blocks * plan.block_params()
+    whole += (plan.embedding_params() if has_emb else 0) + (plan.head_params() if has_head else 0)
+    return whole / plan.fsdp_degree
+
+
 def optimizer_time(plan: Plan, r: Rates, p_local: float) -> float:
     impl = plan.cfg.optimizer.implementation
     per_param = ADAMW_BYTES_PER_PARAM[impl] + CLIP_BYTES_PER_PARAM
@@ -786,7 +826,8 @@ def training_step_time(plan: Plan) -> dict:
         units += [by_mode[m] for m in modes]
         if has_head:
             units.append(head_pass(plan, r, tokens))
-        compute = sum(u.compute for u in units)
+        accumulate = grad_accumulator_time(plan, r, rank_params(plan, n_blocks, has_emb, has_head))
+        compute = sum(u.compute for u in units) + accumulate
         recompute = sum(u.recompute for u in units)
         attention = sum(u.attention for u in units)
         fsdp_exposed = fsdp_units(
@@ -807,7 +848,7 @@ def training_step_time(plan: Plan) -> dict:
         detail = {
             "matmul": sum(u.matmul for u in units),
             "attention": attention,
-            "elementwise": sum(u.elementwise for u in units),
+            "elementwise": sum(u.elementwise for u in units) + accumulate,
             "loss": sum(u.loss for u in units),
             "float8_casts": sum(u.float8_casts for u in units),
         }
@@ -849,17 +890,7 @@ def training_step_time(plan: Plan) -> dict:
         send = collectives.p2p_time(plan, r.intra, r.inter, act, stage_stride)
         pp_comm = 2 * v * m * plan.accum * send
     # optimizer over the largest shard
-    p_local = (
-        max(
-            (
-                nb * plan.block_params()
-                + (plan.embedding_params() if e else 0)
-                + (plan.head_params() if h else 0)
-            )
-            for nb, e, h in plan.rank_layers()
-        )
-        / plan.fsdp_degree
-    )
+    p_local = max(rank_params(plan, *layers) for layers in plan.rank_layers())
     opt = optimizer_time(plan, r, p_local)
     breakdown = {
         "compute": (w["compute"] + copies[worst]) * passes,
