@@ -19,8 +19,9 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             choice there since 2.11's bundled cuDNN) or FlashAttention-2 (older torch), by head dim 64 / 128, from
             the FlashAttention-3 paper's H100 figures; A100, MI300X: FlashAttention-2 at head dim 128, their own
             published plateaus; B200 and GB200: torch SDPA's cuDNN backend, measured on a B200 less the
-            benchmark's host time per call (the GB200 at the B200's TFLOPS); B300 and GB300: that curve times the GB300 / GB200 ratio measured with one cuDNN (Blackwell
-            Ultra's doubled exponential units); MI355X: torch's SDPA measured on an MI355X; the same power factor.
+            benchmark's host time per call (the GB200 at the B200's TFLOPS); B300 and GB300: that curve times the
+            GB300 / GB200 ratio measured with one cuDNN (Blackwell Ultra's doubled exponential units); MI355X:
+            torch's SDPA measured on an MI355X; the same power factor.
 """
 
 from __future__ import annotations
