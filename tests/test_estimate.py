@@ -1821,15 +1821,14 @@ def test_nanotron_step_costs_are_priced_by_their_bytes():
     36; SiLU and the gate product over a fused linear's strided halves (--estimate.swiglu=split) move the same bytes
     at 0.525 of the bandwidth instead of 0.80. Compiled blocks and a compiled loss keep their fused kernels."""
     from torchtitan.estimate import rates
-    from torchtitan.estimate.plan import build_plan as plan_of
 
     argv = ["--model.flavor=1B", "--estimate.hardware=h100-sxm", "--estimate.num_devices=8",
             "--parallelism.data_parallel_replicate_degree=8", "--parallelism.data_parallel_shard_degree=1",
             "--training.seq_len=4096", "--training.local_batch_size=1", "--training.global_batch_size=32",
             "--activation_checkpoint.mode=none", "--compile.enable=false", "--estimate.dp_grad_sync=step"]  # fmt: skip
-    plan = plan_of(parse_args(argv))
+    plan = build_plan(parse_args(argv))
     base = estimate_plan(plan)
-    hbm = 3350e9 * 0.80
+    hbm = plan.hw.hbm_gbps * 1e9 * plan.eff.hbm  # 0.80 of the H100's 3,350 GB/s
     micro_steps, tokens = 4, 4096
 
     def delta(*extra: str) -> dict:
@@ -1844,7 +1843,7 @@ def test_nanotron_step_costs_are_priced_by_their_bytes():
     assert loss["loss"] == pytest.approx(micro_steps * tokens * plan.args.vocab_size * 16 / hbm, rel=1e-9)
     assert loss["elementwise"] == 0
     swiglu = delta("--estimate.swiglu=split")
-    per_elem = (5 + 9) * 2 * (1 / (rates.STRIDED_SWIGLU_FRACTION * 3350e9) - 1 / hbm)
+    per_elem = (5 + 9) * 2 * (1 / (rates.STRIDED_SWIGLU_FRACTION * plan.hw.hbm_gbps * 1e9) - 1 / hbm)
     ffn = plan.args.n_layers * plan.shape.f
     assert swiglu["elementwise"] == pytest.approx(micro_steps * tokens * ffn * per_elem, rel=1e-9)
     compiled = ["--compile.enable=true", "--compile.components=model,loss"]
