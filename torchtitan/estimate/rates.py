@@ -670,19 +670,21 @@ def _call_work(seq: float, backward: bool) -> float:
     return (2.5 if backward else 1.0) * 2.0 * batch * heads * head_dim * seq * seq
 
 
+def _call_s(measured: tuple[float, ...], backward: bool) -> list[float]:
+    """Seconds of each measured call (B200_ATTN_SEQ), from its TFLOPS."""
+    return [_call_work(s, backward) / (tflops * 1e12) for s, tflops in zip(B200_ATTN_SEQ, measured)]
+
+
 def _host_floor_s(measured: tuple[float, ...], backward: bool, i: int) -> float:
     """Seconds of host dispatch in each measured call, solved from lengths i and i + 1 (4x the work, one rate)."""
-    t = [_call_work(s, backward) / (tflops * 1e12) for s, tflops in zip(B200_ATTN_SEQ, measured)]
+    t = _call_s(measured, backward)
     return (4.0 * t[i] - t[i + 1]) / 3.0
 
 
 def _kernel_curve(measured: tuple[float, ...], backward: bool, floor_s: float) -> tuple[float, ...]:
     """The measured curve less the host floor, from 1024 tokens on (B200_KERNEL_SEQ)."""
-    out = []
-    for seq, tflops in zip(B200_ATTN_SEQ[1:], measured[1:]):
-        work = _call_work(seq, backward)
-        out.append(work / (work / (tflops * 1e12) - floor_s) / 1e12)
-    return tuple(out)
+    calls = zip(B200_ATTN_SEQ[1:], _call_s(measured, backward)[1:])
+    return tuple(_call_work(seq, backward) / (t - floor_s) / 1e12 for seq, t in calls)
 
 
 B200_HOST_FWD_S = _host_floor_s(B200_CUDNN_FWD_MEASURED, False, 0)

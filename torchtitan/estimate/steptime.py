@@ -160,6 +160,11 @@ def _linear_time(r: Rates, lin: Linear, tokens: float, tp: int, b: int) -> tuple
     return fwd, bwd
 
 
+# eager SiLU and gate product, bytes per FFN element in units of the activation bytes: forward SiLU (read, write) and
+# the product (two reads, a write); backward their gradients (9)
+EAGER_SWIGLU_BYTES = (5, 9)
+
+
 def elementwise_bytes(plan: Plan) -> tuple[float, float]:
     """(forward, backward) bytes of a block's memory-bound elementwise work per token (docs/estimate.md).
 
@@ -181,9 +186,15 @@ def elementwise_bytes(plan: Plan) -> tuple[float, float]:
         # and applies the weight (2b): 28 + 4b, and about twice that backward
         norm_f = 2 * b if s.fused_norm else 28 + 4 * b
         norm_b = 3 * b if s.fused_norm else 2 * (28 + 4 * b)
-        fwd = (2 * norm_f + 6 * b) * s.d_s + rope * qk + 2 * b * s.h + 5 * b * s.f
-        bwd = (2 * norm_b + 6 * b) * s.d_s + rope * qk + 2 * b * s.h + 9 * b * s.f
+        swiglu_f, swiglu_b = (n * b * s.f for n in EAGER_SWIGLU_BYTES)
+        fwd = (2 * norm_f + 6 * b) * s.d_s + rope * qk + 2 * b * s.h + swiglu_f
+        bwd = (2 * norm_b + 6 * b) * s.d_s + rope * qk + 2 * b * s.h + swiglu_b
     return fwd, bwd
+
+
+def _beyond_elementwise(plan: Plan, r: Rates, nbytes: float, fraction: float) -> float:
+    """Seconds `nbytes` take at `fraction` of the part's bandwidth beyond their time at the elementwise rate (r.hbm)."""
+    return max(0.0, nbytes / (fraction * plan.hw.hbm_gbps * 1e9) - nbytes / r.hbm)
 
 
 def eager_norm_extra(plan: Plan, r: Rates) -> tuple[float, float]:
@@ -199,21 +210,20 @@ def eager_norm_extra(plan: Plan, r: Rates) -> tuple[float, float]:
         frac = rates.eager_rms_norm_fraction(plan.hw.name, s.d, backward)
         if frac is None:
             return 0.0, 0.0
-        nbytes = 2 * per_element * s.d_s
-        out.append(max(0.0, nbytes / (frac * plan.hw.hbm_gbps * 1e9) - nbytes / r.hbm))
+        out.append(_beyond_elementwise(plan, r, 2 * per_element * s.d_s, frac))
     return out[0], out[1]
 
 
 def eager_swiglu_extra(plan: Plan, r: Rates) -> tuple[float, float]:
     """(forward, backward) seconds per token a block's eager SiLU and gate product take beyond their bytes at the
     elementwise rate (r.hbm) when they read the two strided halves of one fused gate/up linear
-    (`--estimate.swiglu=split`): the bytes elementwise_bytes counts for them (5b and 9b per element of the FFN) at
+    (`--estimate.swiglu=split`): the bytes elementwise_bytes counts for them (EAGER_SWIGLU_BYTES) at
     rates.STRIDED_SWIGLU_FRACTION of the part's bandwidth. Zero for compiled blocks and for separate linears."""
     if plan.compile_model or plan.cfg.estimate.swiglu != "split" or plan.hw.is_cpu:
         return 0.0, 0.0
-    rate = rates.STRIDED_SWIGLU_FRACTION * plan.hw.hbm_gbps * 1e9
-    b, f = plan.act_bytes, plan.shape.f
-    return tuple(max(0.0, n * b * f / rate - n * b * f / r.hbm) for n in (5, 9))
+    per_token = (n * plan.act_bytes * plan.shape.f for n in EAGER_SWIGLU_BYTES)
+    fwd, bwd = (_beyond_elementwise(plan, r, nbytes, rates.STRIDED_SWIGLU_FRACTION) for nbytes in per_token)
+    return fwd, bwd
 
 
 # the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output)
