@@ -452,7 +452,7 @@ def test_gh200_runs_the_h100_die_on_a_four_gpu_mesh_node():
 
     plan = build_plan(parse_args([*EIGHT_B, "--estimate.hardware=gh200", "--estimate.num_devices=8"]))
     r = steptime.Rates(plan)
-    assert plan.hw.devices_per_node == 4 and collectives.is_mesh("GH200")
+    assert plan.hw.devices_per_node == 4 and collectives.is_mesh(plan)
     assert r.intra == pytest.approx(450e9 * DEFAULT.intra_node)
     assert collectives.busbw(plan, r.intra, r.inter, 4, 1) == pytest.approx(r.intra)
     assert collectives.busbw(plan, r.intra, r.inter, 2, 1) == pytest.approx(r.intra / 3)

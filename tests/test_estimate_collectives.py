@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchtitan.config import parse_args
+from torchtitan.config import ConfigError, parse_args
 from torchtitan.errors import UserError
 from torchtitan.estimate import collectives
 from torchtitan.estimate.plan import build_plan
@@ -158,3 +158,47 @@ def test_a_measured_cross_node_busbw_replaces_the_rail_model():
     assert collectives.busbw(H100, NVL, NIC, 128, 1) == pytest.approx(NVL)  # without it: the rail model
     with pytest.raises(UserError, match="inter_node_busbw_gbps"):
         build_plan(parse_args([*argv, "--estimate.inter_node_busbw_gbps=0"]))
+
+
+def test_a_four_gpu_board_without_nvswitch_is_a_mesh():
+    """--estimate.intra_node_topology=mesh: a 4-GPU Hopper board links each GPU to each of its 3 peers with 6 of its
+    18 NVLinks, so a TP or FSDP pair on it has a third of the node's bandwidth and a pipeline send to one peer a third
+    of the GPU's, while a ring over all 4 keeps the whole (KempnerForge's H200 nodes: kempnerforge_h200's part). auto
+    keeps the device's own node: a switch for the H200 (a pair of an 8-GPU NVSwitch node gets all of it), a mesh for
+    the GH200 and the MI300X, which `switch` overrides."""
+    from torchtitan.estimate.steptime import Rates
+
+    def plan(hardware: str, *extra: str):
+        argv = [
+            "--model.flavor=debugmodel",
+            f"--estimate.hardware={hardware}",
+            "--estimate.num_devices=8",
+            *extra,
+        ]
+        return build_plan(parse_args(argv))
+
+    switch = plan("h200", "--estimate.devices_per_node=4")
+    mesh = plan("h200", "--estimate.devices_per_node=4", "--estimate.intra_node_topology=mesh")
+    r = Rates(mesh)
+    assert not collectives.is_mesh(switch) and collectives.is_mesh(mesh)
+    assert collectives.busbw(switch, r.intra, r.inter, 2, 1) == pytest.approx(NVL)
+    assert collectives.busbw(mesh, r.intra, r.inter, 2, 1) == pytest.approx(NVL / 3)  # 120 GB/s a pair
+    assert collectives.busbw(mesh, r.intra, r.inter, 2, 2) == pytest.approx(NVL / 3)  # FSDP 2 under TP 2
+    assert collectives.busbw(mesh, r.intra, r.inter, 4, 1) == pytest.approx(NVL)  # the whole node
+    assert collectives.busbw(mesh, r.intra, r.inter, 8, 1) == pytest.approx(min(NVL, 4 * NIC))  # two nodes
+
+    def per_gb(p, distance: int) -> float:  # seconds a GB of a send takes beyond its latency
+        return collectives.p2p_time(p, r.intra, r.inter, 2e9, distance) - collectives.p2p_time(
+            p, r.intra, r.inter, 1e9, distance
+        )
+
+    assert per_gb(mesh, 1) == pytest.approx(3 * per_gb(switch, 1))  # the links to that one peer
+    assert per_gb(mesh, 4) == pytest.approx(per_gb(switch, 4))  # across nodes: the NIC either way
+    assert collectives.is_mesh(plan("gh200")) and collectives.is_mesh(plan("mi300x"))
+    mi300x = plan("mi300x", "--estimate.intra_node_topology=switch")
+    assert not collectives.is_mesh(mi300x)
+    assert collectives.busbw(mi300x, r.intra, r.inter, 2, 1) == r.intra
+    with pytest.raises(
+        ConfigError, match="intra_node_topology' got 'ring', expected 'auto' | 'switch' | 'mesh'"
+    ):
+        parse_args(["--estimate.intra_node_topology=ring"])

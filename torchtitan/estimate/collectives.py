@@ -26,7 +26,8 @@ busbw  the bus bandwidth nccl-tests reports for large messages.
          2024-11), 0.97 of 50: Efficiency.inter_node = 0.96. A fabric measured below that (--estimate.
          inter_node_busbw_gbps, nccl-tests' busbw over the job's nodes) stands in for the rail figure: each GPU's
          share of it is its rate (steptime.Rates), so a ring holding whole nodes runs at the measured busbw.
-A point-to-point send (pipeline stages) uses one link: NVLink inside a node, the sending GPU's NIC across nodes.
+A point-to-point send (pipeline stages) uses one link: NVLink inside a node (on a switchless mesh, below, only the
+links to that peer: 1 / (GPUs per node - 1) of the GPU's), the sending GPU's NIC across nodes.
 Overlap is not free: each NCCL channel is one resident thread block, and with NCCL's shared-memory buffers it keeps
 a GEMM tile off its SM, so compute overlapped with a collective runs on (SMs - channels) of the SMs. Channels as
 NCCL's logs show them for rings at full NVLink speed: 24 on an HGX A100 node (NVIDIA/nccl-tests#100: "Channel
@@ -43,7 +44,13 @@ bus bandwidth is (n - 1) / (GPUs per node - 1) of the whole node's. stas00/ml-en
 744d01e) measured all-reduce bus bandwidth with a 4 GiB payload on an 8 x MI300X node: 312.912 GB/s on 8 GPUs,
 47.671 on 2 ("2 GPUs performed 6.5x slower than 8"). The 8-GPU figure sets the MI300X fraction of the datasheet
 bandwidth, 312.912 / 448 = 0.70 (in place of Efficiency.intra_node); the link rule then gives 44.7 GB/s on 2 GPUs
-(measured 47.7).
+(measured 47.7). A node of 4 Hopper GPUs without NVSwitch is the same kind of mesh: 6 of each GPU's 18 NVLinks go to
+each of its 3 peers. The quad-GH200 node: "GPU All2all: 3x6 NVLink 150GB/s per direction" (CSCS's Alps schematic);
+4 H200 NVL joined by NVLink bridges: `nvidia-smi topo -m` NV6 between every pair, and on 2 of them a 1 GB NCCL
+collective at 109.4 GB/s and a P2P copy at 133.3 (a public validation log, "2x NVIDIA H200 NVL", driver 580.105.08),
+where the rule gives 0.80 x 450 / 3 = 120. The GH200's node is a mesh by default; a 4-GPU Hopper board (HGX H100 /
+H200 4-GPU, 4-way H200 NVL) with `--estimate.intra_node_topology=mesh` (the part alone does not say which board it
+sits on).
 Hopper's GEMMs lose more than their share of SMs beside a collective: cuBLAS launches them as persistent kernels,
 one CTA per SM (132 on an H100), with the output tiles divided among the CTAs at launch. pytorch/pytorch#143988
 (2024-12, FSDP on H100s): "the matmuls take 2x as long to complete when they are overlapped with a NCCL kernel",
@@ -90,6 +97,7 @@ STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe",
 # Devices whose node is a switchless full mesh (each GPU linked straight to each peer, no switch): AMD's 8-GPU
 # Infinity Fabric nodes and the quad-GH200 nodes (6 NVLinks between every pair; torchtitan/metrics/hardware.py). A
 # ring over some of a node's GPUs has only the links among them. A silicon twin's node is its twin's unless named.
+# `--estimate.intra_node_topology` overrides it either way (a 4-GPU HGX H100 / H200 board: mesh).
 MESH_NODES = frozenset({"MI300X", "MI355X", "GH200", "GH200 144GB"})
 # The measured ring bus bandwidth of a whole node as a fraction of the datasheet per-device figure, where one was
 # found (elsewhere Efficiency.intra_node, 0.80, NVIDIA's figure for NVLink 3 and 4).
@@ -116,15 +124,20 @@ def intra_fraction(device: str, default: float) -> float:
     return RING_BUSBW_FRACTION.get(rates.silicon(device), default)
 
 
-def is_mesh(device: str) -> bool:
-    return device in MESH_NODES or rates.silicon(device) in MESH_NODES
+def is_mesh(plan: Plan) -> bool:
+    """Whether the plan's node links each GPU straight to each peer (no switch): `--estimate.intra_node_topology`,
+    or with auto the device's own node (MESH_NODES)."""
+    topology = plan.cfg.estimate.intra_node_topology
+    if topology != "auto":
+        return topology == "mesh"
+    return plan.hw.name in MESH_NODES or rates.silicon(plan.hw.name) in MESH_NODES
 
 
 def intra_busbw(plan: Plan, intra: float, ppn: int) -> float:
     """Bus bandwidth inside a node for a ring with `ppn` of its ranks on each node: the node figure behind a switch
     (NVSwitch), (ppn - 1) / (GPUs per node - 1) of it on a switchless mesh (its links among those ranks only)."""
     dpn = plan.hw.devices_per_node
-    if is_mesh(plan.hw.name) and 1 < ppn < dpn:
+    if is_mesh(plan) and 1 < ppn < dpn:
         return intra * (ppn - 1) / (dpn - 1)
     return intra
 
@@ -264,6 +277,9 @@ def p2p_time(plan: Plan, intra: float, inter: float, nbytes: float, distance: in
     """Seconds of one send of `nbytes` to the rank `distance` global ranks away."""
     if nbytes <= 0:
         return 0.0
-    same_node = distance < plan.hw.devices_per_node
+    dpn = plan.hw.devices_per_node
+    same_node = distance < dpn
     lat = 0.0 if plan.hw.is_cpu else RING_BASE_LAT_S + HOP_LAT_S["nvlink" if same_node else "net"]
+    if same_node and dpn > 1 and is_mesh(plan):
+        intra = intra / (dpn - 1)  # on a mesh only the links to that peer carry it
     return lat + nbytes / (intra if same_node else inter)
