@@ -198,6 +198,15 @@ def test_a_four_gpu_board_without_nvswitch_is_a_mesh():
     mi300x = plan("mi300x", "--estimate.intra_node_topology=switch")
     assert not collectives.is_mesh(mi300x)
     assert collectives.busbw(mi300x, r.intra, r.inter, 2, 1) == r.intra
+    # the report and its JSON say which node was priced
+    from torchtitan.estimate.report import training_report
+    from torchtitan.estimate.training import estimate_plan
+
+    for p, topology in ((mesh, "mesh"), (switch, "switch")):
+        r = estimate_plan(p)
+        assert r["hardware"]["intra_node_topology"] == topology
+        line = training_report(r).splitlines()[1]
+        assert ("4 per node, each pair linked directly;" in line) == (topology == "mesh")
     with pytest.raises(
         ConfigError, match="intra_node_topology' got 'ring', expected 'auto' | 'switch' | 'mesh'"
     ):

@@ -13,6 +13,7 @@ def training_report(r: dict) -> str:
         f"model      {m['name']} {m['flavor']}: {m['params']:,} parameters ({m['flop_params']:,} in matmuls)",
         f"hardware   {hw['num_devices']} x {hw['name']} ({hw['source']}; {hw['bf16_tflops']:.0f} TFLOPS bf16,"
         f" {hw['memory_gib']:.1f} GiB, {hw['hbm_gbps']:.0f} GB/s; {hw['devices_per_node']} per node"
+        + (", each pair linked directly" if hw.get("intra_node_topology") == "mesh" else "")
         + (f"; compute at {hw['compute_power_w']:.0f} W" if hw.get("compute_power_w") else "")
         + ")"
         + (" [calibrated]" if hw["calibrated"] else ""),

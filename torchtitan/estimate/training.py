@@ -7,7 +7,7 @@ import copy
 from torchtitan.metrics.hardware import PeakFlops
 from torchtitan.metrics.processor import throughput_metrics
 
-from . import rates
+from . import collectives, rates
 from .efficiency import DEFAULT, Efficiency
 from .memory import training_memory
 from .plan import Calibration, Plan, build_plan
@@ -68,6 +68,8 @@ def estimate_plan(plan: Plan) -> dict:
             "source": plan.hw.source,
             "num_devices": dims.world_size,
             "devices_per_node": plan.hw.devices_per_node,
+            # "mesh": each GPU of a node linked straight to each peer, no switch (collectives.is_mesh)
+            "intra_node_topology": "mesh" if collectives.is_mesh(plan) else "switch",
             "bf16_tflops": plan.hw.bf16_tflops,
             "fp8_tflops": plan.hw.fp8_tflops,
             "memory_gib": plan.hw.memory_gib,
