@@ -277,9 +277,7 @@ def p2p_time(plan: Plan, intra: float, inter: float, nbytes: float, distance: in
     """Seconds of one send of `nbytes` to the rank `distance` global ranks away."""
     if nbytes <= 0:
         return 0.0
-    dpn = plan.hw.devices_per_node
-    same_node = distance < dpn
+    same_node = distance < plan.hw.devices_per_node
     lat = 0.0 if plan.hw.is_cpu else RING_BASE_LAT_S + HOP_LAT_S["nvlink" if same_node else "net"]
-    if same_node and dpn > 1 and is_mesh(plan):
-        intra = intra / (dpn - 1)  # on a mesh only the links to that peer carry it
-    return lat + nbytes / (intra if same_node else inter)
+    # inside a node a send has the links of a pair (on a mesh, only those to that peer)
+    return lat + nbytes / (intra_busbw(plan, intra, 2) if same_node else inter)
