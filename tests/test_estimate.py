@@ -276,6 +276,18 @@ def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, c
         (["--estimate.peak_tflops=-5"], "estimate.peak_tflops = -5.0 must be a positive number"),
         (["--estimate.hardware=cpu"], "estimate.hardware='cpu': peak, memory bandwidth"),
         (["--model.flavor=custom", "--model.dim=512"], "model.flavor='custom' needs the model's shape"),
+        (
+            ["--estimate.hardware=a100", "--estimate.sm_clock_mhz=1000"],
+            "priced only on H100 SXM (boost 1980)",
+        ),
+        (
+            ["--estimate.sm_clock_mhz=2100"],
+            "estimate.sm_clock_mhz = 2100 is above the H100 SXM's boost clock",
+        ),
+        (
+            ["--estimate.num_devices=8", "--estimate.model_dtype=bfloat16"],
+            "priced without an FSDP wrapper only",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):
@@ -488,6 +500,72 @@ def test_report_says_which_power_the_compute_rates_stand_for():
         assert r["hardware"]["compute_power_w"] == watts
         assert f"; compute at {watts:.0f} W)" in training_report(r).splitlines()[1]
     assert rates.compute_power_w("CPU", None) is None
+
+
+def test_a_locked_sm_clock_slows_compute_only_where_it_binds_before_the_power_limit():
+    """A benchmark locks the SM clock (nvidia-smi -lgc): a compute-bound kernel then runs at its burst rate x clock /
+    boost, capped by what the power limit sustains. On a 700 W H200 (sustained = 0.932 of the burst) 1,500 MHz
+    binds: GEMMs and attention at 1500 / 1980 / 0.932 of their sustained rates, memory-bound work unchanged. A
+    B200 at 1,665 MHz does not (its 1000 W sustained rate is 0.814 of the burst, below 1665 / 1965), nor does an
+    H100 capped at 500 W at 1,500 MHz (the power binds first)."""
+    from torchtitan.estimate import rates
+    from torchtitan.estimate.report import training_report
+
+    one = ["--model.flavor=1B", "--estimate.num_devices=1", "--training.local_batch_size=2"]
+    free = estimate(*one, "--estimate.hardware=h200")
+    locked = estimate(*one, "--estimate.hardware=h200", "--estimate.sm_clock_mhz=1500")
+    factor = 1500 / 1980 / rates.HOPPER_ATTENTION_SUSTAINED
+    assert factor == pytest.approx(0.813, abs=1e-3)
+    fb, lb = free["step_time_breakdown_s"], locked["step_time_breakdown_s"]
+    assert lb["optimizer"] == fb["optimizer"]  # memory-bound: the HBM clock is not the SM clock
+    assert fb["compute"] < lb["compute"] < fb["compute"] / factor
+    assert locked["hardware"]["sm_clock_mhz"] == 1500.0 and free["hardware"]["sm_clock_mhz"] is None
+    assert "SM clock locked at 1500 MHz" in training_report(locked).splitlines()[1]
+    for hw, clock in (("b200", 1665), ("h200", 1940)):
+        assert (
+            estimate(*one, f"--estimate.hardware={hw}", f"--estimate.sm_clock_mhz={clock}")["step_time_s"]
+            == (estimate(*one, f"--estimate.hardware={hw}")["step_time_s"])
+        )
+    assert rates.compute_factor("H100 SXM", 500.0, 1500) == rates.power_factor("H100 SXM", 500.0)
+    assert rates.compute_factor("H200", None, 1500) == pytest.approx(factor)
+
+
+def test_a_model_kept_in_bf16_and_stepped_by_plain_sgd_holds_and_moves_fewer_bytes():
+    """Scripts that build a Hugging Face model in bf16 and step it with torch.optim keep no fp32 copy: parameters and
+    gradients 2 B each, AdamW's moments 4 B, no autocast casts; plain SGD (no momentum) keeps no state and its step
+    reads each parameter and gradient and writes the parameter. The trainer's own step computes the gradient norm
+    every step and scales by it only when training.max_norm > 0."""
+    from torchtitan.estimate.steptime import ADAMW_BYTES_PER_PARAM, CLIP_NORM_BYTES, CLIP_SCALE_BYTES
+
+    one = ["--model.flavor=1B", "--estimate.num_devices=1", "--training.local_batch_size=1"]
+    p = estimate(*one)["model"]["params"]
+    gib = 2**30
+    hbm = 3350e9 * DEFAULT.hbm
+    trainer = estimate(*one)
+    bf16 = estimate(*one, "--estimate.model_dtype=bfloat16")
+    sgd = estimate(*one, "--estimate.model_dtype=bfloat16", "--estimate.optimizer=sgd")
+    no_clip = estimate(*one, "--training.max_norm=0")
+    assert trainer["memory_breakdown_gib"]["parameters"] == pytest.approx(4 * p / gib)
+    assert bf16["memory_breakdown_gib"]["parameters"] == pytest.approx(2 * p / gib)
+    assert trainer["memory_breakdown_gib"]["optimizer_states"] == pytest.approx(8 * p / gib)
+    assert bf16["memory_breakdown_gib"]["optimizer_states"] == pytest.approx(4 * p / gib)
+    assert sgd["memory_breakdown_gib"]["optimizer_states"] == 0.0
+    adamw = ADAMW_BYTES_PER_PARAM[parse_args([]).optimizer.implementation]
+    opt = {k: r["step_time_breakdown_s"]["optimizer"] for k, r in
+           dict(trainer=trainer, bf16=bf16, sgd=sgd, no_clip=no_clip).items()}  # fmt: skip
+    assert opt["trainer"] == pytest.approx(p * (adamw + CLIP_NORM_BYTES + CLIP_SCALE_BYTES) / hbm)
+    assert opt["no_clip"] == pytest.approx(p * (adamw + CLIP_NORM_BYTES) / hbm)
+    assert opt["bf16"] == pytest.approx(opt["trainer"] / 2)
+    assert opt["sgd"] == pytest.approx(p * 3 * 2 / hbm)
+    # no autocast: no weight casts and a bf16 residual stream, so less compute than the trainer's autocast
+    assert bf16["step_time_breakdown_s"]["compute"] < trainer["step_time_breakdown_s"]["compute"]
+    # the loss on the bf16 logits as they come: 6 x 2 bytes a logit against the upcast one's 32 + 2 x 2
+    hf_loss = estimate(*one, "--estimate.model_dtype=bfloat16", "--estimate.eager_loss=bf16")
+    loss = [r["compute_detail_s"]["loss"] for r in (bf16, hf_loss)]
+    assert loss[1] == pytest.approx(loss[0] * 6 * 2 / (32 + 2 * 2))
+    assert hf_loss["memory_breakdown_gib"]["logits_loss"] == pytest.approx(
+        bf16["memory_breakdown_gib"]["logits_loss"] / 2
+    )
 
 
 def test_a_name_stating_another_memory_is_planned_only_with_its_memory_and_bandwidth():

@@ -498,6 +498,12 @@ class Estimate:
     power_limit_w: float | None = opt(
         None, "the parts' power limit in W when below their TDP (torchtitan's H100s: 500); slows compute"
     )
+    sm_clock_mhz: float | None = opt(
+        None,
+        "the SM clock in MHz when locked below boost (nvidia-smi -lgc, as benchmarks do): compute runs at its"
+        " unthrottled rate x clock / boost where that is below the power limit's rate; H100 SXM, H200 (boost"
+        " 1980) and B200 (1965)",
+    )
     memory_gib: float | None = opt(
         None, "override device memory in GiB (96 GB H100: 95.04, what torch reports)"
     )
@@ -533,11 +539,13 @@ class Estimate:
         " buffer of the rank's parameters by one kernel per parameter after every backward, 10 bytes a parameter"
         " (nanotron's FP32GradientAccumulator, accumulate_grad_in_fp32: for runs of that software)",
     )
-    eager_loss: Literal["torch", "sharded_fp32"] = opt(
+    eager_loss: Literal["torch", "sharded_fp32", "bf16"] = opt(
         "torch",
-        "the cross-entropy outside torch.compile: torch (this trainer: F.cross_entropy on the upcast logits) or"
+        "the cross-entropy outside torch.compile: torch (this trainer: F.cross_entropy on the upcast logits),"
         " sharded_fp32 = logits cast to fp32, then max, subtract, exp, sum and divide as separate passes, the fp32"
-        " softmax saved for backward (nanotron's sharded_cross_entropy: for runs of that software)",
+        " softmax saved for backward (nanotron's sharded_cross_entropy: for runs of that software), or bf16 ="
+        " F.cross_entropy on the bf16 logits as they come, no upcast (a Hugging Face LlamaForCausalLM called"
+        " without labels, transformers 4.51-4.52, its loss taken by the script: for runs of that software)",
     )
     swiglu: Literal["separate", "split"] = opt(
         "separate",
@@ -545,6 +553,19 @@ class Estimate:
         " outputs) or split = one fused gate/up linear whose output is split into two strided halves before"
         " SiLU and the product, which run at the strided rate torch's eager kernels measured (nanotron's"
         " GLUActivation: for runs of that software)",
+    )
+    model_dtype: Literal["trainer", "bfloat16"] = opt(
+        "trainer",
+        "the dtype parameters, gradients and optimizer states are kept in: trainer (fp32, bf16 compute by FSDP2's"
+        " mixed precision or autocast) or bfloat16 = a model built and stepped in bf16 throughout, no fp32 copy and"
+        " no casts (scripts that build a Hugging Face model in bf16 and train it without FSDP: for runs of that"
+        " software)",
+    )
+    optimizer: Literal["trainer", "sgd"] = opt(
+        "trainer",
+        "the optimizer step: trainer (AdamW by --optimizer.implementation, then the gradient norm) or sgd ="
+        " torch.optim.SGD without momentum and no gradient norm: one update reading each parameter and gradient"
+        " and writing the parameter, no state (scripts that step that way: for runs of that software)",
     )
     batch_size: int = opt(1, "inference: sequences generated together")
     prompt_len: int = opt(128, "inference: prompt tokens per sequence (prefill)")

@@ -93,7 +93,7 @@ def estimate_inference(
     flop_params = a.num_flop_params()
 
     peak = hardware.bf16_tflops * 1e12 * rates.gemm_fraction(hardware.name, "bf16")
-    peak *= rates.power_factor(hardware.name, hardware.power_limit_w)
+    peak *= rates.compute_factor(hardware.name, hardware.power_limit_w, hardware.sm_clock_mhz)
     bw_eff = {"bfloat16": eff.decode_hbm_bf16, "int8": eff.decode_hbm_int8, "int4": eff.decode_hbm_int4}[
         weight_dtype
     ]

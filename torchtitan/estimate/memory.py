@@ -62,6 +62,22 @@ MASTER_BYTES = 4  # FSDP keeps parameters (and their gradients) in fp32: the opt
 ADAMW_TEMP_BYTES = {"foreach": 4, "fused": 0, "for-loop": 0}
 
 
+def optimizer_state_bytes(plan: Plan) -> float:
+    """Optimizer state per parameter: AdamW's two moments in the parameters' dtype (fp32, or bf16 with
+    --estimate.model_dtype=bfloat16); plain SGD (--estimate.optimizer=sgd) keeps none."""
+    if plan.cfg.estimate.optimizer == "sgd":
+        return 0.0
+    return ADAMW_STATE_BYTES * plan.param_bytes / MASTER_BYTES
+
+
+def step_temp_bytes(plan: Plan) -> float:
+    """The optimizer step's temporaries per parameter (ADAMW_TEMP_BYTES in the parameters' dtype); SGD without
+    momentum updates in place (torch/optim/sgd.py, `_foreach_add_` of the gradients): none."""
+    if plan.cfg.estimate.optimizer == "sgd":
+        return 0.0
+    return ADAMW_TEMP_BYTES.get(plan.cfg.optimizer.implementation, 4) * plan.param_bytes / MASTER_BYTES
+
+
 def in_flight_passes(plan: Plan, rank: int) -> float:
     """Forward passes (of one stage chunk each) whose activations a pipeline rank holds at its peak."""
     if plan.pp_plan is None:
@@ -193,9 +209,9 @@ def state_bytes(plan: Plan, rank: int, fsdp_index: int = 0) -> dict[str, float]:
     p_local = fsdp_shard_params(plan, rank, fsdp_index)
     offload = plan.cfg.parallelism.fsdp_cpu_offload
     return {
-        "parameters": 0.0 if offload else MASTER_BYTES * p_local,
-        "gradients": 0.0 if offload else MASTER_BYTES * p_local,
-        "optimizer_states": 0.0 if offload else ADAMW_STATE_BYTES * p_local,
+        "parameters": 0.0 if offload else plan.param_bytes * p_local,
+        "gradients": 0.0 if offload else plan.param_bytes * p_local,
+        "optimizer_states": 0.0 if offload else optimizer_state_bytes(plan) * p_local,
     }
 
 
@@ -279,8 +295,8 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     accumulating = plan.accum > 1 and plan.pp_plan is None
     tokens = plan.tokens_per_pass
 
-    params = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else MASTER_BYTES * p_local
-    states = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else ADAMW_STATE_BYTES * p_local
+    params = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else plan.param_bytes * p_local
+    states = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else optimizer_state_bytes(plan) * p_local
 
     # ---- activations: blocks of the passes in flight, plus the final norm's gathered output for the head ----
     modes = block_modes(
@@ -298,7 +314,8 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     logits = 0.0
     if has_head:
         vocab = plan.loss_vocab
-        per_logit = 2 * plan.act_bytes if plan.compile_loss else 3 * 4
+        eager_bytes = plan.act_bytes if plan.cfg.estimate.eager_loss == "bf16" else 4  # the loss's own dtype
+        per_logit = 2 * plan.act_bytes if plan.compile_loss else 3 * eager_bytes
         logits = tokens * vocab * per_logit
         logits += kept_stage_outputs(plan) * tokens * vocab * plan.act_bytes
 
@@ -307,13 +324,15 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     policy = plan.cfg.parallelism.fsdp_reshard_after_forward
     keep_blocks = (not sharded) or plan.pp_plan is not None or policy == "never"
     gathered = 0.0
-    grads = MASTER_BYTES * p_local if accumulating else 0.0
+    grads = plan.param_bytes * p_local if accumulating else 0.0
     if not sharded:
         # nothing sharded: the unsharded fp32 gradients fill up during backward (counted at the end of it). Without
         # an FSDP wrapper (issue 10: autocast) the weights' bf16 copies are `autocast_weight_copies`; FSDP applied
         # on one shard (replicate-only, or CPU offload) keeps a bf16 copy of every weight.
         if plan.autocast:
             gathered = autocast_weight_copies(plan, n_blocks, has_head, modes)
+        elif plan.bf16_model:  # the bf16 parameters are what the matmuls read: no copy
+            gathered = 0.0
         else:
             gathered = p_rank * (plan.act_bytes if plan.act_bytes == 2 else 0)
         grad_buffers = 0.0
@@ -348,7 +367,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         grads = rs_pool
     backward_start = params + states + grads + acts + logits + fsdp + f8
     # gradients + the optimizer's temporaries (reported under "gradients")
-    step_grads = (MASTER_BYTES + ADAMW_TEMP_BYTES.get(plan.cfg.optimizer.implementation, 4)) * p_local
+    step_grads = (plan.param_bytes + step_temp_bytes(plan)) * p_local
     optimizer_phase = params + states + step_grads
     if optimizer_phase > backward_start:
         parts = {"parameters": params, "gradients": step_grads, "optimizer_states": states}

@@ -21,6 +21,7 @@ from torchtitan.parallel.compile import compiles_loss
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.pipeline import PipelinePlan, plan_pipeline
 
+from . import rates
 from .activations import BlockShape
 from .efficiency import DEFAULT, Efficiency
 
@@ -45,6 +46,7 @@ class Hardware:
     power_limit_w: float | None = (
         None  # run below the part's TDP (torchtitan/estimate/rates.py: power factor)
     )
+    sm_clock_mhz: float | None = None  # SM clock locked below boost (rates.compute_factor)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,23 @@ def _pick(override, value, what: str):
             raise UserError(f"estimate.{what} = {override!r} must be a positive number")
         return override
     return value
+
+
+def _sm_clock(device: str, clock) -> float | None:
+    """--estimate.sm_clock_mhz, checked: a positive clock no higher than the boost of a part whose burst and
+    sustained rates are both known (rates.LOCKABLE_CLOCK)."""
+    clock = _pick(clock, None, "sm_clock_mhz")
+    if clock is None:
+        return None
+    if device not in rates.LOCKABLE_CLOCK:
+        parts = ", ".join(f"{k} (boost {v[0]:.0f})" for k, v in rates.LOCKABLE_CLOCK.items())
+        raise UserError(f"estimate.sm_clock_mhz: a locked clock is priced only on {parts}, not on {device}")
+    boost = rates.LOCKABLE_CLOCK[device][0]
+    if clock > boost:
+        raise UserError(
+            f"estimate.sm_clock_mhz = {clock:g} is above the {device}'s boost clock ({boost:.0f} MHz)"
+        )
+    return float(clock)
 
 
 def along_depths(points: list, pick, n: int) -> float | None:
@@ -189,6 +208,7 @@ def resolve_hardware(
             "inter_node_bandwidth_gbps",
             "inter_node_busbw_gbps",
             "power_limit_w",
+            "sm_clock_mhz",
         )
         if getattr(est, k, None) is not None
     ]
@@ -209,6 +229,7 @@ def resolve_hardware(
         source=source,
         inter_node_busbw_gbps=_pick(est.inter_node_busbw_gbps, None, "inter_node_busbw_gbps"),
         power_limit_w=_pick(getattr(est, "power_limit_w", None), None, "power_limit_w"),
+        sm_clock_mhz=_sm_clock(spec.name, getattr(est, "sm_clock_mhz", None)),
     )
 
 
@@ -337,8 +358,18 @@ class Plan:
         return self.args.vocab_size / self.tp if self.loss_parallel else self.args.vocab_size
 
     @property
+    def bf16_model(self) -> bool:
+        """Parameters, gradients and optimizer states kept in bf16, no fp32 copy (--estimate.model_dtype)."""
+        return self.cfg.estimate.model_dtype == "bfloat16"
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of a parameter as the optimizer holds it, and of its gradient: fp32 master weights, or bf16."""
+        return 2 if self.bf16_model else 4
+
+    @property
     def act_bytes(self) -> int:
-        return 2 if self.cfg.training.mixed_precision_param == "bfloat16" else 4
+        return 2 if self.bf16_model or self.cfg.training.mixed_precision_param == "bfloat16" else 4
 
     @property
     def fsdp_wrapped(self) -> bool:
@@ -349,7 +380,7 @@ class Plan:
     def autocast(self) -> bool:
         """Mixed precision by torch.autocast rather than FSDP2: without an FSDP wrapper a bf16 run keeps fp32
         parameters and autocasts its matmuls (parallel/mixed_precision.py)."""
-        return not self.fsdp_wrapped and self.act_bytes == 2
+        return not self.fsdp_wrapped and self.act_bytes == 2 and not self.bf16_model
 
     def float8_input_groups(self) -> tuple[frozenset, frozenset]:
         """Compiled float8 blocks: the matmul-input groups all of whose linears are converted
@@ -497,6 +528,12 @@ def build_plan(
             "estimate.dp_grad_sync = 'step' prices DDP's no_sync, pure data parallelism: it needs"
             f" data_parallel_shard_degree, context_parallel_degree and pipeline_parallel_degree of 1 (got"
             f" {dims.dp_shard}, {dims.cp}, {dims.pp}); valid: micro_step"
+        )
+    if est.model_dtype == "bfloat16" and (dims.fsdp_enabled or cfg.parallelism.fsdp_cpu_offload):
+        raise UserError(
+            "estimate.model_dtype = 'bfloat16' is priced without an FSDP wrapper only (no data or context"
+            f" parallelism, no CPU offload); got data_parallel_replicate_degree {dims.dp_replicate},"
+            f" data_parallel_shard_degree {dims.dp_shard}, context_parallel_degree {dims.cp}; valid here: trainer"
         )
     pp_plan = None
     if dims.pp_enabled:

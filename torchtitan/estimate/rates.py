@@ -335,6 +335,36 @@ def _hopper_burst_to_sustained() -> float:
 # sustained attention measurement was found. Other devices' attention curves are left as measured.
 HOPPER_ATTENTION_SUSTAINED = _hopper_burst_to_sustained()
 
+# SM clock locked below boost (`nvidia-smi -lgc F,F`, as benchmarks do to steady their timing). A tensor core does a
+# fixed number of FMAs a clock, so a compute-bound kernel that the power limit does not hold back runs at its burst
+# rate (the clock at boost, the board below its limit: mamf-finder's MAMF, the attention curves' benchmark loops)
+# times F / boost; the power-limited sustained rate still caps it. Memory-bound work (elementwise, the optimizer,
+# collectives) is left as it is: the HBM and link clocks are not the SM clock. Known per part: the boost clock and
+# the sustained / burst ratio of its GEMMs at the same power limit.
+#   700 W Hopper SXM (H100 SXM, H200): 1,980 MHz (the H100 SXM measured here: docs/performance.md's "1980 MHz max SM
+#   clock"; the H200 of cudnn-frontend's SDPA benchmark README, "application clocks 3201 / 1980 MHz"); sustained /
+#   burst HOPPER_ATTENTION_SUSTAINED (0.932, the MSMF over the MAMF table's 794.5, which the attention factor uses
+#   too). Not exact: mamf-finder's H200 node held its MSMF (755) at 1835-1873 MHz where its own burst MAMF was
+#   848-852, so at the power limit the rate fell 5 % below the clock's share of the burst (796 at 1,854 MHz); with
+#   that pair's ratio (0.888) in place of 0.932 an H200 locked at 1,500 MHz computes 5 % faster than priced here.
+#   B200: 1,965 MHz (Meta's Triton benchmark script caps "frequency to 1965", the boost clock; facebookexperimental/
+#   triton PR #814); sustained / burst = 1420 / 1745 (the 8192^3 measurement over the MAMF, 0.814).
+LOCKABLE_CLOCK = {  # part: (boost clock MHz, sustained / burst GEMM rate at its TDP)
+    "H100 SXM": (1980.0, HOPPER_ATTENTION_SUSTAINED),
+    "H200": (1980.0, HOPPER_ATTENTION_SUSTAINED),
+    "B200": (1965.0, B200_BF16_8192 / B200_MAMF_BF16),
+}
+
+
+def compute_factor(device: str, power_limit_w: float | None, sm_clock_mhz: float | None = None) -> float:
+    """The factor on the compute rates (GEMMs, attention): the power factor, or the locked clock's rate where the
+    clock binds first: min(power factor, clock / boost / (sustained / burst))."""
+    power = power_factor(device, power_limit_w)
+    if sm_clock_mhz is None:
+        return power
+    boost, sustained_over_burst = LOCKABLE_CLOCK[device]
+    return min(power, sm_clock_mhz / boost / sustained_over_burst)
+
 
 def gemm_source(device: str) -> tuple[GemmSource, str]:
     """The GEMM source of a hardware-table device name and a note of what it was derived from."""

@@ -15,6 +15,7 @@ def training_report(r: dict) -> str:
         f" {hw['memory_gib']:.1f} GiB, {hw['hbm_gbps']:.0f} GB/s; {hw['devices_per_node']} per node"
         + (", each pair linked directly" if hw.get("intra_node_topology") == "mesh" else "")
         + (f"; compute at {hw['compute_power_w']:.0f} W" if hw.get("compute_power_w") else "")
+        + (f", SM clock locked at {hw['sm_clock_mhz']:.0f} MHz" if hw.get("sm_clock_mhz") else "")
         + ")"
         + (" [calibrated]" if hw["calibrated"] else ""),
         f"layout     dp_replicate {lay['dp_replicate']} x dp_shard {lay['dp_shard']} x cp {lay['cp']} x tp {lay['tp']}"

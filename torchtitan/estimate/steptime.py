@@ -41,7 +41,8 @@ from .memory import fp8_param_share, gather_bytes
 from .plan import Linear, Plan
 
 ADAMW_BYTES_PER_PARAM = {"foreach": 84, "for-loop": 84, "fused": 28}  # passes over param, grad, 2 moments
-CLIP_BYTES_PER_PARAM = 12  # norm (read) + scale (read, write) of each fp32 gradient
+CLIP_NORM_BYTES, CLIP_SCALE_BYTES = 4, 8  # the norm reads each fp32 gradient; clipping reads and writes it
+SGD_ELEMENTS_PER_PARAM = 3  # plain SGD: read the parameter and its gradient, write the parameter
 CP_MERGE_FWD_BYTES = 24  # per query element and ring step: fp32 merge of the partial attention output
 CP_MERGE_BWD_BYTES = 8  # per q/k/v element and ring step: fp32 gradient accumulation
 
@@ -78,7 +79,7 @@ class Rates:
         self.hw = hw
         self.recipe = plan.cfg.float8.recipe if plan.cfg.float8.enable else None
         self.cpu_peak = None
-        self.power = 1.0 if hw.is_cpu else rates.power_factor(hw.name, hw.power_limit_w)
+        self.power = 1.0 if hw.is_cpu else rates.compute_factor(hw.name, hw.power_limit_w, hw.sm_clock_mhz)
         self.hbm = hw.hbm_gbps * 1e9 * eff.hbm
         self.intra = hw.intra_node_gbps * 1e9 * collectives.intra_fraction(hw.name, eff.intra_node)
         self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
@@ -505,11 +506,13 @@ def loss_bytes_per_logit(plan: Plan) -> float:
     sharded_cross_entropy (`--estimate.eager_loss=sharded_fp32`; nanotron 0e0a27ea, 2025-02-19, parallel/
     tensor_parallel/functional.py `_ShardedCrossEntropy`): forward the cast to fp32 (b + 4), max (4), subtract
     (4 + 4), exp in place (4 + 4), sum (4) and divide (4 + 4), the fp32 softmax saved; backward the product with the
-    output gradient in place (4 + 4) and the cast back (4 + b): 48 + 2b."""
+    output gradient in place (4 + 4) and the cast back (4 + b): 48 + 2b. Eager on the logits as they come
+    (`--estimate.eager_loss=bf16`): torch's without the casts, every tensor in b: log-softmax (2b), NLL's backward
+    writing the dense gradient (b), log-softmax's backward (3b): 6b."""
     b = plan.act_bytes
     if plan.compile_loss:
         return 4 * b
-    return 48 + 2 * b if plan.cfg.estimate.eager_loss == "sharded_fp32" else 32 + 2 * b
+    return {"sharded_fp32": 48 + 2 * b, "bf16": 6 * b}.get(plan.cfg.estimate.eager_loss, 32 + 2 * b)
 
 
 def grad_accumulator_time(plan: Plan, r: Rates, params: float) -> float:
@@ -814,8 +817,13 @@ def rank_params(plan: Plan, n_blocks: int, has_emb: bool, has_head: bool) -> flo
 
 
 def optimizer_time(plan: Plan, r: Rates, p_local: float) -> float:
+    """Seconds of the optimizer step over this rank's parameters: memory-bound passes in the parameters' dtype.
+    The trainer computes the gradient norm every step (it is logged) and scales by it when training.max_norm > 0."""
+    if plan.cfg.estimate.optimizer == "sgd":
+        return p_local * SGD_ELEMENTS_PER_PARAM * plan.param_bytes / r.hbm
     impl = plan.cfg.optimizer.implementation
-    per_param = ADAMW_BYTES_PER_PARAM[impl] + CLIP_BYTES_PER_PARAM
+    clip = CLIP_NORM_BYTES + (CLIP_SCALE_BYTES if plan.cfg.training.max_norm > 0 else 0)
+    per_param = (ADAMW_BYTES_PER_PARAM[impl] + clip) * plan.param_bytes / 4
     if plan.cfg.float8.enable and plan.cfg.float8.precompute_float8_dynamic_scale_for_fsdp:
         per_param += 4
     return p_local * per_param / r.hbm

@@ -80,6 +80,7 @@ def estimate_plan(plan: Plan) -> dict:
             "compute_power_w": None
             if plan.calibration is not None
             else rates.compute_power_w(plan.hw.name, plan.hw.power_limit_w),
+            "sm_clock_mhz": plan.hw.sm_clock_mhz,  # locked below boost (None: free to boost)
             "calibrated": plan.calibration is not None,
         },
         "layout": {
