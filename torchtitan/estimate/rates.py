@@ -347,8 +347,10 @@ HOPPER_ATTENTION_SUSTAINED = _hopper_burst_to_sustained()
 #   too). Not exact: mamf-finder's H200 node held its MSMF (755) at 1835-1873 MHz where its own burst MAMF was
 #   848-852, so at the power limit the rate fell 5 % below the clock's share of the burst (796 at 1,854 MHz); with
 #   that pair's ratio (0.888) in place of 0.932 an H200 locked at 1,500 MHz computes 5 % faster than priced here.
-#   B200: 1,965 MHz (Meta's Triton benchmark script caps "frequency to 1965", the boost clock; facebookexperimental/
-#   triton PR #814); sustained / burst = 1420 / 1745 (the 8192^3 measurement over the MAMF, 0.814).
+#   B200: 1,965 MHz (`nvidia-smi -q` of a B200 at its defaults, "Max Clocks ... SM : 1965 MHz", in NVIDIA/cudnn-frontend
+#   7606332 benchmark/Llama-3.2-1B-Training/artifacts/b200_run_plot.b200.txt; Meta's Triton benchmark script caps
+#   "frequency to 1965", facebookexperimental/triton PR #814); sustained / burst = 1420 / 1745 (the 8192^3
+#   measurement over the MAMF, 0.814).
 LOCKABLE_CLOCK = {  # part: (boost clock MHz, sustained / burst GEMM rate at its TDP)
     "H100 SXM": (1980.0, HOPPER_ATTENTION_SUSTAINED),
     "H200": (1980.0, HOPPER_ATTENTION_SUSTAINED),
