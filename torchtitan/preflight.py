@@ -9,8 +9,9 @@ size (--world_size, else comm.fake_world_size under comm.mode=fake_backend, else
 else 1), the node count, tokenizer against the model's vocabulary, the dataset and, with validation on, the
 held-out one (each opened, one document read, errors naming its own keys: data.* or validation.*), every folder
 the run writes (created and writable: dump folder, logs, tb, checkpoint and trace folders), the head node (resolvable, rendezvous port free when the head is
-this machine; from --rdzv_endpoint or MASTER_ADDR/MASTER_PORT), and the estimator's per-device peak memory
-(information only, never a failure), plus a warning when the checkpoint folder's free space is below what
+this machine; from --rdzv_endpoint or MASTER_ADDR/MASTER_PORT), and the estimator's per-device peak memory and this
+node's GPUs as the estimator needs them -- power limit in force, NVLink mesh or switch, and the --estimate flags
+that say so (information only, never a failure), plus a warning when the checkpoint folder's free space is below what
 keep_latest_k + 1 checkpoints need.
 Exit code 0 when every check passes, 2 otherwise ("error: ..." names the first failure on stderr).
 """
@@ -203,6 +204,15 @@ def estimate_memory(cfg, world_size: int) -> str:
     return line + "; details: python -m torchtitan.estimate"
 
 
+def node_facts() -> str:
+    """This node's GPUs as the estimator needs them (power limit in force, NVLink topology) and the flags that
+    carry them into a plan (torchtitan/estimate/node_facts.py); information only."""
+    from torchtitan.estimate.node_facts import probe
+
+    facts = probe()
+    return facts.describe() if facts else "no nvidia-smi here (no NVIDIA GPU): nothing to read"
+
+
 def run_checks(cfg, world_size: int, nnodes: int | None = None, endpoint: str | None = None, out=None) -> int:
     """Run every check, print one line per check, return the exit code (0 all ok, 2 something failed)."""
     out = out or sys.stdout
@@ -224,6 +234,7 @@ def run_checks(cfg, world_size: int, nnodes: int | None = None, endpoint: str | 
             print(f"preflight: {name:<10} FAIL  {e}", file=out, flush=True)
     if not failures:  # the estimates need a valid mesh and model, so only when everything else passed
         print(f"preflight: {'memory':<10} info  {estimate_memory(cfg, world_size)}", file=out, flush=True)
+        print(f"preflight: {'node':<10} info  {node_facts()}", file=out, flush=True)
         low_space = check_space(cfg)
         if low_space:
             print(f"preflight: {'disk':<10} WARN  {low_space}", file=out, flush=True)
