@@ -288,6 +288,15 @@ def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, c
             ["--estimate.num_devices=8", "--estimate.model_dtype=bfloat16"],
             "priced without an FSDP wrapper only",
         ),
+        (
+            [
+                "--model.flavor=1B",
+                "--estimate.num_devices=8",
+                "--estimate.model_dtype=bfloat16",
+                "--estimate.search=true",
+            ],
+            "search: every layout of 8 devices was refused, the first: estimate.model_dtype",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):

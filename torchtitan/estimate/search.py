@@ -61,15 +61,21 @@ def candidates(cfg):
 
 def search(cfg, calibration: Calibration | None = None) -> list[dict]:
     """Estimates of every fitting layout, fastest (tokens/s per device) first."""
-    results = []
+    results, refused, built = [], None, False
     for c in candidates(cfg):
         try:
             plan = build_plan(c, calibration)
-        except UserError:
+        except UserError as e:
+            refused = refused or e
             continue  # a layout the trainer rejects (divisibility, pipeline, tied embeddings ...)
+        built = True
         r = estimate_plan(plan)
         if r["fits"]:
             results.append(r)
+    if not built and refused is not None:  # not one layout could be planned: say why, not "none fits"
+        raise UserError(
+            f"search: every layout of {cfg.estimate.num_devices} devices was refused, the first: {refused}"
+        )
     results.sort(key=lambda r: -r["tokens_per_sec_per_device"])
     return results
 
