@@ -16,7 +16,7 @@ exposed communication, by dimension:
    pp        point-to-point activation/gradient transfers, per micro-batch and stage
 pipeline_bubble  idle time of the schedule: (p-1)/m of the work for 1F1B/GPipe, (p-1)/(v*m) interleaved, a third
              of that for the zero-bubble schedules
-optimizer    AdamW + gradient clipping over this rank's fp32 shard: memory-bound
+optimizer    AdamW + the gradient norm (and clipping) over this rank's fp32 shard, or plain SGD: memory-bound
 straggler    the wait for the slowest of the job's GPUs: a share of the synchronised compute (stragglers.py)
 measured_beyond_model   CPU with a calibration whose probe ran this plan: the trainer's own step measured at two
              depths and carried linearly to the plan's (measured_step), less the terms above
@@ -37,7 +37,7 @@ from .activations import (
     recomputes_elementwise,
     tp_collectives_recomputed,
 )
-from .memory import fp8_param_share, gather_bytes
+from .memory import MASTER_BYTES, fp8_param_share, gather_bytes
 from .plan import Linear, Plan
 
 ADAMW_BYTES_PER_PARAM = {"foreach": 84, "for-loop": 84, "fused": 28}  # passes over param, grad, 2 moments
@@ -79,7 +79,10 @@ class Rates:
         self.hw = hw
         self.recipe = plan.cfg.float8.recipe if plan.cfg.float8.enable else None
         self.cpu_peak = None
-        self.power = 1.0 if hw.is_cpu else rates.compute_factor(hw.name, hw.power_limit_w, hw.sm_clock_mhz)
+        # the power limit's factor on compute, or a locked SM clock's where it binds first (rates.compute_factor)
+        self.compute_factor = (
+            1.0 if hw.is_cpu else rates.compute_factor(hw.name, hw.power_limit_w, hw.sm_clock_mhz)
+        )
         self.hbm = hw.hbm_gbps * 1e9 * eff.hbm
         self.intra = hw.intra_node_gbps * 1e9 * collectives.intra_fraction(hw.name, eff.intra_node)
         self.inter = hw.inter_node_gbps * 1e9 * eff.inter_node
@@ -109,8 +112,8 @@ class Rates:
             return self.cpu_peak
         hw = self.hw
         if fp8 and hw.fp8_tflops:
-            return hw.fp8_tflops * 1e12 * rates.gemm_efficiency(hw.name, "fp8", m, n, k) * self.power
-        return hw.bf16_tflops * 1e12 * rates.gemm_efficiency(hw.name, "bf16", m, n, k) * self.power
+            return hw.fp8_tflops * 1e12 * rates.gemm_efficiency(hw.name, "fp8", m, n, k) * self.compute_factor
+        return hw.bf16_tflops * 1e12 * rates.gemm_efficiency(hw.name, "bf16", m, n, k) * self.compute_factor
 
     def gemm(self, m: float, n: float, k: float, fp8: bool, act_bytes: int, backward: bool = False) -> float:
         """Seconds of one [m,k] x [k,n] GEMM: measured if calibrated for this shape, else the roofline."""
@@ -139,7 +142,7 @@ class Rates:
         frac = rates.attention_fraction(self.hw.name, seq, backward, causal, self.head_dim, self.attn_backend)
         # the measured curves are benchmark loops; a run holds the power limit for minutes
         frac *= rates.attention_sustained_factor(self.hw.name)
-        return self.hw.bf16_tflops * 1e12 * frac * self.power
+        return self.hw.bf16_tflops * 1e12 * frac * self.compute_factor
 
 
 def _local(lin: Linear, tp: int) -> tuple[int, int]:
@@ -823,7 +826,7 @@ def optimizer_time(plan: Plan, r: Rates, p_local: float) -> float:
         return p_local * SGD_ELEMENTS_PER_PARAM * plan.param_bytes / r.hbm
     impl = plan.cfg.optimizer.implementation
     clip = CLIP_NORM_BYTES + (CLIP_SCALE_BYTES if plan.cfg.training.max_norm > 0 else 0)
-    per_param = (ADAMW_BYTES_PER_PARAM[impl] + clip) * plan.param_bytes / 4
+    per_param = (ADAMW_BYTES_PER_PARAM[impl] + clip) * plan.param_bytes / MASTER_BYTES
     if plan.cfg.float8.enable and plan.cfg.float8.precompute_float8_dynamic_scale_for_fsdp:
         per_param += 4
     return p_local * per_param / r.hbm
