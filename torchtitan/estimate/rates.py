@@ -8,7 +8,8 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             700 W Hopper parts at mamf-finder's Maximum Sustainable Matmul FLOPS; the B300 takes the B200's raised by
             the power rule to its limit), times a shape factor (wave quantization of the output tiles over the SMs,
             and the pipeline prologue/epilogue of a tile's K loop) relative to the reference shape, times a power
-            factor for parts run below their TDP.
+            factor for parts run below their TDP (or a locked SM clock's factor where that binds first:
+            compute_factor).
   float8    tensorwise: torch._scaled_mm's cuBLAS kernel (the MAMF FP8 figure, or a measurement at a stated shape
             where one exists: the 700 W Hopper parts, the GB200 and, bounded by it, the B200, the MI300X).
             rowwise: the CUTLASS rowwise kernel in the forward, and in the backward cuBLAS with unit scales plus a
