@@ -818,7 +818,9 @@ def attention_fraction(
             if not causal:
                 tflops *= blackwell_non_causal_ratio(device, seq, backward)
             return tflops / peak
-        return _h100_tflops(seq, backward, causal) / peak  # FA2's mma.sync kernels: about the H100's TFLOPS
+        # FA2's mma.sync kernels: about the H100's TFLOPS, at the run's head dim as on Hopper (the same kernels run
+        # 0.87-0.90 as fast at head dim 64 as at 128; until 2026-12-03 the head-dim-128 curve at every head dim)
+        return _hopper_tflops(seq, backward, causal, head_dim, "flash") / peak
     if device in HOPPER_ATTENTION_DEVICES:
         return _hopper_tflops(seq, backward, causal, head_dim, backend) / 989.0
     if device == "MI355X":
