@@ -90,15 +90,6 @@ _B200 = (
     " NVLink 5 is ~0.08 s); what it is (host overhead, NCCL of then on B200, clocks below those of Meta's later"
     " capped runs) is not published: not explained"
 )
-_TINYLLAMA = (
-    "TinyLlama 1.1B on 16 A100-40G (Lightning Fabric FSDP1, hand-fused kernels, no compile; out of sample +21.0 %,"
-    " +16.2 % since the A100's GEMMs are priced at its measured 257 TFLOPS at 8192^3; its GPU-hours, the same"
-    " measurement over 300B tokens, -13.5 %, are within 25 %): the published 24k tokens/s is 56 % MFU by this"
-    " framework's FLOP count (the README says 56 % too), the estimate 65 %; torchtitan's 2024 A100 rows fit (-9.6"
-    " .. +3.5 %) on the AWS EFA network their launcher was written for, and this run's fp32 all-gathers and"
-    " autocast weight casts (Lightning's bf16-mixed), its fused kernels in place of Inductor's and its two nodes'"
-    " unpublished network are not priced: not explained further"
-)
 _TORCHAO_H100_DECODE = (
     "torchao's decode table on 'a single NVIDIA-H100 GPU' (Llama-3.1-8B, batch 1; out of sample: bf16 -15.7 %,"
     " int8 weight-only -24.0 %, -18.1 % since decode_hbm_int8 is the int8 GEMV's measured bandwidth; cross-validated"
@@ -278,17 +269,6 @@ _ULTRASCALE_ANOMALY = (
     " 16,056.64 tokens/s per GPU published, 35,554 estimated (+121.4 %), where the same node count at 1 x 4 published"
     " 31,112.23 (estimated +8.6 %) and the estimate makes the two alike. A figure of one step (the third) on a shared"
     " cluster, half its neighbour's: what slowed that run is not published: not explained"
-)
-_LITGPT_THUNDER_EAGER = (
-    "LitGPT's Thunder-extension README, the eager FSDP row (TinyLlama 1.1B, Fabric FSDP1 ZeRO 3 over 8 A100-SXM4-40GB,"
-    " bf16-true, batch 4 x 2048, no AC, torch 2.3 nightly of 2024-03-14; +15.7 %, out of sample, fifteenth pass):"
-    " estimated step 0.398 s against the published 0.461 s (460.88 ms/iter at step 10; re-measured 456.57 ms in"
-    " 2024-05). The compiled row of the same table fits (+1.1 %), so the missing 63 ms is eager work. A candidate,"
-    " not measured: LitGPT's eager attention path moves more bytes than the eager RoPE the estimator prices (q"
-    " reshaped into a copy, K and V expanded from 4 to 32 heads and copied, RoPE by neg / cat / two multiplies / an"
-    " add and a second cat on q and on the 32-head K, the output transposed into a copy), roughly 28 GB more per"
-    " step forward and backward, ~20 ms at this part's bandwidth: about a third of the gap; the 64-chunk eager"
-    " cross-entropy adds launches, not bytes. The rest: not explained"
 )
 _SHEARED = (
     "Sheared-LLaMA's continued pre-training (README 'Throughput': Composer v0.16.3 FSDP1 FULL_SHARD, bf16 reduce,"
@@ -514,7 +494,6 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"b200_8b_fsdp8_b1_{r}_torchao", "tokens/s/device"): _B200 for r in ("bf16", "tensorwise", "rowwise")
     },
     **{(f"b200_8b_fsdp8_b1_{r}_torchao", "memory GiB"): _B200_MEM for r in ("bf16", "tensorwise", "rowwise")},
-    ("tinyllama_1b_fsdp16_a100_40gb", "tokens/s/device"): _TINYLLAMA,
     **{
         (f"b200_hf_llama32_1b_{shape}_sgd_bf16", "tokens/s/device"): _CUDNN_FE_B200
         for shape in (
@@ -571,7 +550,6 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("cpu_large_2proc_ddp_full_ac_b4_s24", "step time s"): _CPU_HELDOUT5_STEP,
     ("cpu_w2048l2_1proc_fp32_b1_s128_s41", "step time s"): _CPU_HELDOUT11_STEP,
     ("h100_olmocore_llama8b_fsdp8_compile_float8", "tokens/s/device"): _OLMOCORE,
-    ("a100_40gb_tinyllama_fsdp8_b4_none_eager_litgpt_thunder", "tokens/s/device"): _LITGPT_THUNDER_EAGER,
     **{
         (f"a100_sheared_llama_{m}_fsdp16_b16_s4096_full_eager", "tokens/s/device"): _SHEARED
         for m in ("2p7b", "1p3b")
@@ -1244,9 +1222,15 @@ def test_hopper_attention_by_backend_and_head_dim():
     for device in ("A100", "A100 40GB", "L40S", "MI300X"):
         assert rates.attention_backend(device) == "flash"
     assert rates.attention_backend("H100 SXM", "flash") == "flash"
-    # A100 and MI300X keep FlashAttention-2 at head dim 128 whatever the head dim
-    assert rates.attention_fraction("A100", 8192, False, True, 64) == rates.attention_fraction(
-        "A100", 8192, False
+    # A100: the H100's FA2 curves at the run's head dim, scaled to FA2's own A100 forward + backward at that head dim
+    # (its benchmark figure's panels (c) and (d): 165 and 182 TFLOPS causal at 8K); MI300X keeps head dim 128
+    for hd, published in ((64, 165.0), (128, 182.0)):
+        fwd_bwd = rates.fwd_bwd_tflops(
+            lambda x, b, hd=hd: 312.0 * rates.attention_fraction("A100", x, b, True, hd), 8192
+        )
+        assert fwd_bwd == pytest.approx(published)
+    assert rates.attention_fraction("MI300X", 8192, False, True, 64) == rates.attention_fraction(
+        "MI300X", 8192, False
     )
     # Blackwell with FlashAttention-2: the H100's FA2 curve (the same mma.sync kernels) at the run's head dim
     for device in ("B200", "GB200"):

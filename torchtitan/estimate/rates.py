@@ -537,6 +537,10 @@ FA2_H100_BWD = (214.0, 260.0, 291.0, 310.0, 318.0, 322.0)  # non-causal (the pap
 # scaled non-causal forward at 16K is 0.74 of 312, the paper's "up to 73% of the theoretical max throughput in the
 # forward pass" (and the backward 0.64, its "up to 63%" in the backward pass).
 FA2_A100_FWDBWD_CAUSAL = (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)
+# The same figure's panel (c), causal at head dim 64: 0.89-0.91 of head dim 128 at every length, as FA2 on the H100
+# (below); an A100 run's rate is log2-interpolated between the two head dims as on Hopper (until 2026-12-03 every
+# head dim took panel (d)).
+FA2_A100_FWDBWD_CAUSAL_D64 = (88.0, 119.0, 140.0, 156.0, 165.0, 171.0)
 # MI300X: FlashAttention-2 on ROCm (Composable Kernel), MI300X, ROCm 6.3.2, bf16, head dim 128, non-causal, one
 # sequence of 16384 (ROCm/flash-attention#142, 2025-05-18, its benchmark_flash_attention.py): forward 353.22,
 # backward 194.43 TFLOPS, i.e. 0.27 and 0.15 of the 1307 TFLOPS peak where the H100's FA2 sustains 0.37 and 0.33 of
@@ -651,13 +655,17 @@ def _h100_tflops(seq: float, backward: bool, causal: bool) -> float:
     return _hopper_at(seq, backward, causal, 128, "flash")
 
 
-def _hopper_tflops(seq: float, backward: bool, causal: bool, head_dim: int, backend: str) -> float:
-    """Hopper TFLOPS of `backend` at this head dim: log2-interpolated between the measured head dims 64 and 128,
-    clamped to them."""
+def _between_head_dims(head_dim: float, at_64: float, at_128: float) -> float:
+    """A rate measured at head dims 64 and 128, log2-interpolated to `head_dim` and clamped to the two."""
     t = min(max(math.log2(max(head_dim, 1)) - 6.0, 0.0), 1.0)
+    return at_64 + t * (at_128 - at_64)
+
+
+def _hopper_tflops(seq: float, backward: bool, causal: bool, head_dim: int, backend: str) -> float:
+    """Hopper TFLOPS of `backend` at this head dim: between the measured head dims 64 and 128."""
     lo = _hopper_at(seq, backward, causal, 64, backend)
     hi = _hopper_at(seq, backward, causal, 128, backend)
-    return lo + t * (hi - lo)
+    return _between_head_dims(head_dim, lo, hi)
 
 
 def fwd_bwd_tflops(tflops_at, seq: float) -> float:
@@ -827,11 +835,17 @@ def attention_fraction(
         curves = {(False, True): SDPA_MI355X_FWD_CAUSAL, (False, False): SDPA_MI355X_FWD,
                   (True, True): SDPA_MI355X_BWD_CAUSAL, (True, False): SDPA_MI355X_BWD}  # fmt: skip
         return _interp_on(seq, SDPA_MI355X_SEQ, curves[(backward, causal)]) / GEMM_SOURCES[device].table_peak
+    if device in (
+        "A100",
+        "A100 40GB",
+    ):  # the H100's FA2 curves at this head dim, scaled to the A100's fwd + bwd
+        a100 = _between_head_dims(
+            head_dim, _interp(seq, FA2_A100_FWDBWD_CAUSAL_D64), _interp(seq, FA2_A100_FWDBWD_CAUSAL)
+        )
+        h100 = fwd_bwd_tflops(lambda x, b: _hopper_tflops(x, b, True, head_dim, "flash"), seq)
+        return _hopper_tflops(seq, backward, causal, head_dim, "flash") / 312.0 * (a100 / h100)
     frac = _h100_tflops(seq, backward, causal) / 989.0
-    if device in ("A100", "A100 40GB"):
-        h100 = fwd_bwd_tflops(lambda x, b: _h100_tflops(x, b, True), seq)
-        frac *= (_interp(seq, FA2_A100_FWDBWD_CAUSAL) / h100) * (989.0 / 312.0)
-    elif device == "MI300X":
+    if device == "MI300X":
         if backward:
             frac *= (FA2_MI300X_BWD_16K / MI300X_PEAK) / (FA2_H100_BWD[-1] / 989.0)
         else:
