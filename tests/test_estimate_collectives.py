@@ -164,8 +164,9 @@ def test_a_four_gpu_board_without_nvswitch_is_a_mesh():
     """--estimate.intra_node_topology=mesh: a 4-GPU Hopper board links each GPU to each of its 3 peers with 6 of its
     18 NVLinks, so a TP or FSDP pair on it has a third of the node's bandwidth and a pipeline send to one peer a third
     of the GPU's, while a ring over all 4 keeps the whole (KempnerForge's H200 nodes: kempnerforge_h200's part). auto
-    keeps the device's own node: a switch for the H200 (a pair of an 8-GPU NVSwitch node gets all of it), a mesh for
-    the GH200 and the MI300X, which `switch` overrides."""
+    keeps the device's own node: a switch for the H200 on its 8-GPU NVSwitch board (a pair gets all of it) and a
+    mesh for 4 H100 / H200 SXM GPUs a node (only the 4-GPU board has that count), the GH200 and the MI300X;
+    `switch` overrides."""
     from torchtitan.estimate.steptime import Rates
 
     def plan(hardware: str, *extra: str):
@@ -177,10 +178,20 @@ def test_a_four_gpu_board_without_nvswitch_is_a_mesh():
         ]
         return build_plan(parse_args(argv))
 
-    switch = plan("h200", "--estimate.devices_per_node=4")
+    switch = plan("h200", "--estimate.devices_per_node=4", "--estimate.intra_node_topology=switch")
     mesh = plan("h200", "--estimate.devices_per_node=4", "--estimate.intra_node_topology=mesh")
     r = Rates(mesh)
     assert not collectives.is_mesh(switch) and collectives.is_mesh(mesh)
+    for hw, per_node, meshed in (
+        ("h200", 4, True),
+        ("h100-sxm", 4, True),
+        ("h200", 8, False),
+        ("b200", 4, False),
+    ):
+        assert collectives.is_mesh(plan(hw, f"--estimate.devices_per_node={per_node}")) == meshed, (
+            hw,
+            per_node,
+        )
     assert collectives.busbw(switch, r.intra, r.inter, 2, 1) == pytest.approx(NVL)
     assert collectives.busbw(mesh, r.intra, r.inter, 2, 1) == pytest.approx(NVL / 3)  # 120 GB/s a pair
     assert collectives.busbw(mesh, r.intra, r.inter, 2, 2) == pytest.approx(NVL / 3)  # FSDP 2 under TP 2

@@ -519,7 +519,8 @@ class Estimate:
         "how a node's GPUs are linked: switch (NVSwitch: any GPU reaches any other at its full NVLink bandwidth),"
         " mesh (each GPU linked straight to each peer, no switch: a ring over k of a node's n GPUs has (k-1)/(n-1)"
         " of the node's bandwidth and a send to one peer 1/(n-1); 4-GPU HGX H100 / H200 boards, 6 NVLinks a pair);"
-        " auto = the device's own node (mesh for MI300X, MI325X, MI355X and GH200 nodes, switch elsewhere)",
+        " auto = the device's own node (mesh for MI300X, MI325X, MI355X and GH200 nodes and for 4 H100 / H200 SXM"
+        " GPUs a node, a 4-GPU HGX board; switch elsewhere)",
     )
     inter_node_busbw_gbps: float | None = opt(
         None,

@@ -48,9 +48,9 @@ bandwidth, 312.912 / 448 = 0.70 (in place of Efficiency.intra_node); the link ru
 each of its 3 peers. The quad-GH200 node: "GPU All2all: 3x6 NVLink 150GB/s per direction" (CSCS's Alps schematic);
 4 H200 NVL joined by NVLink bridges: `nvidia-smi topo -m` NV6 between every pair, and on 2 of them a 1 GB NCCL
 collective at 109.4 GB/s and a P2P copy at 133.3 (a public validation log, "2x NVIDIA H200 NVL", driver 580.105.08),
-where the rule gives 0.80 x 450 / 3 = 120. The GH200's node is a mesh by default; a 4-GPU Hopper board (HGX H100 /
-H200 4-GPU, 4-way H200 NVL) with `--estimate.intra_node_topology=mesh` (the part alone does not say which board it
-sits on).
+where the rule gives 0.80 x 450 / 3 = 120. The GH200's node is a mesh by default, and so is a node of 4 Hopper SXM
+GPUs (`--estimate.devices_per_node=4`: an HGX H100 / H200 4-GPU board; the part alone does not say which board it sits
+on); other 4-way NVLink meshes (4-way H200 NVL) with `--estimate.intra_node_topology=mesh`.
 Hopper's GEMMs lose more than their share of SMs beside a collective: cuBLAS launches them as persistent kernels,
 one CTA per SM (132 on an H100), with the output tiles divided among the CTAs at launch. pytorch/pytorch#143988
 (2024-12, FSDP on H100s): "the matmuls take 2x as long to complete when they are overlapped with a NCCL kernel",
@@ -99,6 +99,11 @@ STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe",
 # ring over some of a node's GPUs has only the links among them. A silicon twin's node is its twin's unless named.
 # `--estimate.intra_node_topology` overrides it either way (a 4-GPU HGX H100 / H200 board: mesh).
 MESH_NODES = frozenset({"MI300X", "MI355X", "GH200", "GH200 144GB"})
+# Hopper SXM GPUs come on 8-GPU boards behind NVSwitch or on 4-GPU boards without it (HGX H100 / H200 4-GPU: 6 of each
+# GPU's 18 NVLinks to each peer): a node of 4 of them (`--estimate.devices_per_node=4`, the devices sharing a node's
+# fabric) is such a board, a mesh under auto.
+HOPPER_SXM = frozenset({"H100 SXM", "H200"})
+HOPPER_SXM_MESH_NODE = 4
 # The measured ring bus bandwidth of a whole node as a fraction of the datasheet per-device figure, where one was
 # found (elsewhere Efficiency.intra_node, 0.80, NVIDIA's figure for NVLink 3 and 4).
 # NVLink 5 (B200, GB200, B300, GB300; 900 GB/s each way): nccl-tests all_reduce_perf on 8 B200 (AWS p6-b200.48xlarge,
@@ -126,11 +131,14 @@ def intra_fraction(device: str, default: float) -> float:
 
 def is_mesh(plan: Plan) -> bool:
     """Whether the plan's node links each GPU straight to each peer (no switch): `--estimate.intra_node_topology`,
-    or with auto the device's own node (MESH_NODES)."""
+    or with auto the device's own node (MESH_NODES) or a 4-GPU node of Hopper SXM GPUs (HOPPER_SXM)."""
     topology = plan.cfg.estimate.intra_node_topology
     if topology != "auto":
         return topology == "mesh"
-    return plan.hw.name in MESH_NODES or rates.silicon(plan.hw.name) in MESH_NODES
+    name = plan.hw.name
+    if name in MESH_NODES or rates.silicon(name) in MESH_NODES:
+        return True
+    return rates.silicon(name) in HOPPER_SXM and plan.hw.devices_per_node == HOPPER_SXM_MESH_NODE
 
 
 def intra_busbw(plan: Plan, intra: float, ppn: int) -> float:
