@@ -835,15 +835,16 @@ def attention_fraction(
         curves = {(False, True): SDPA_MI355X_FWD_CAUSAL, (False, False): SDPA_MI355X_FWD,
                   (True, True): SDPA_MI355X_BWD_CAUSAL, (True, False): SDPA_MI355X_BWD}  # fmt: skip
         return _interp_on(seq, SDPA_MI355X_SEQ, curves[(backward, causal)]) / GEMM_SOURCES[device].table_peak
-    if device in (
-        "A100",
-        "A100 40GB",
-    ):  # the H100's FA2 curves at this head dim, scaled to the A100's fwd + bwd
-        a100 = _between_head_dims(
-            head_dim, _interp(seq, FA2_A100_FWDBWD_CAUSAL_D64), _interp(seq, FA2_A100_FWDBWD_CAUSAL)
-        )
+    if device in ("A100", "A100 40GB"):
+        # the H100's FA2 curves at this head dim, scaled to FA2's own A100 forward + backward at that head dim
+        d64, d128 = _interp(seq, FA2_A100_FWDBWD_CAUSAL_D64), _interp(seq, FA2_A100_FWDBWD_CAUSAL)
         h100 = fwd_bwd_tflops(lambda x, b: _hopper_tflops(x, b, True, head_dim, "flash"), seq)
-        return _hopper_tflops(seq, backward, causal, head_dim, "flash") / 312.0 * (a100 / h100)
+        a100 = _between_head_dims(head_dim, d64, d128)
+        return (
+            _hopper_tflops(seq, backward, causal, head_dim, "flash")
+            * (a100 / h100)
+            / gemm_source(device)[0].table_peak
+        )
     frac = _h100_tflops(seq, backward, causal) / 989.0
     if device == "MI300X":
         if backward:
