@@ -124,6 +124,11 @@ def test_probe_runs_nvidia_smi_and_the_preflight_prints_the_node(monkeypatch, ca
         raise subprocess.CalledProcessError(9, cmd)
 
     assert probe(run=failing) is None
+
+    def missing(cmd, **kw):  # no NVIDIA driver on this machine
+        raise FileNotFoundError(2, "No such file or directory", cmd[0])
+
+    assert probe(run=missing) is None
     monkeypatch.setattr("torchtitan.estimate.node_facts.probe", lambda: facts)
     assert preflight.node_facts() == (
         "4 x NVIDIA H200; power limit 600 W (the part's default 700 W); NVLink mesh, no switch (NV6 between each"

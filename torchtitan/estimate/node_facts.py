@@ -19,7 +19,6 @@ nothing here changes an estimate by itself.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -113,9 +112,8 @@ def parse_power(text: str) -> tuple[str, float | None, float | None]:
 
 
 def probe(run=subprocess.run) -> NodeFacts | None:
-    """The facts of the node this runs on, from nvidia-smi; None where there is none (no NVIDIA GPU here)."""
-    if run is subprocess.run and shutil.which("nvidia-smi") is None:
-        return None
+    """The facts of the node this runs on, from nvidia-smi; None where there is none (no NVIDIA GPU here: running
+    it raises FileNotFoundError, an OSError) or it fails."""
     try:
         power = run(
             ["nvidia-smi", "--query-gpu=name,power.limit,power.default_limit", "--format=csv,noheader,nounits"],

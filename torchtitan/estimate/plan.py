@@ -529,12 +529,6 @@ def build_plan(
             f" data_parallel_shard_degree, context_parallel_degree and pipeline_parallel_degree of 1 (got"
             f" {dims.dp_shard}, {dims.cp}, {dims.pp}); valid: micro_step"
         )
-    if est.model_dtype == "bfloat16" and (dims.fsdp_enabled or cfg.parallelism.fsdp_cpu_offload):
-        raise UserError(
-            "estimate.model_dtype = 'bfloat16' is priced without an FSDP wrapper only (no data or context"
-            f" parallelism, no CPU offload); got data_parallel_replicate_degree {dims.dp_replicate},"
-            f" data_parallel_shard_degree {dims.dp_shard}, context_parallel_degree {dims.cp}; valid here: trainer"
-        )
     pp_plan = None
     if dims.pp_enabled:
         pp_plan = plan_pipeline(
@@ -544,4 +538,11 @@ def build_plan(
     if not cfg.float8.enable:
         block = tuple(dataclasses.replace(lin, float8=False) for lin in block)
         head = dataclasses.replace(head, float8=False)
-    return Plan(cfg, args, dims, pp_plan, hw, eff, calibration, block, head)
+    plan = Plan(cfg, args, dims, pp_plan, hw, eff, calibration, block, head)
+    if plan.bf16_model and plan.fsdp_wrapped:
+        raise UserError(
+            "estimate.model_dtype = 'bfloat16' is priced without an FSDP wrapper only (no data or context"
+            f" parallelism, no CPU offload); got data_parallel_replicate_degree {dims.dp_replicate},"
+            f" data_parallel_shard_degree {dims.dp_shard}, context_parallel_degree {dims.cp}; valid here: trainer"
+        )
+    return plan
