@@ -574,6 +574,25 @@ def _ring(plan: Plan, r: Rates, nbytes: float, n: int, stride: int, kind: str = 
     return collectives.ring_time(plan, r.intra, r.inter, nbytes, n, stride, kind)
 
 
+def fsdp_regathers(plan: Plan) -> int:
+    """How many times each block (and the embedding) is all-gathered again for backward in one FSDP round -- a
+    micro-step, or under PP a schedule step of m micro-batches -- beside its one forward gather. The head (final
+    norm + output) stays gathered for backward: never.
+
+    FSDP2 frees a unit's gathered parameters after its forward when it reshards, and its backward gathers them again.
+    Without PP: once when blocks reshard ("default", "always"), none with "never". Under PP the trainer keeps blocks
+    gathered ("default" means "never" there, parallel/__init__.py): none. Under PP with "always" every micro-batch's
+    forward frees them, while torch's pipelining keeps them gathered after each backward until the schedule's last
+    (torch/distributed/pipelining/stage.py: set_reshard_after_backward(False) for every backward, then
+    perform_reduce_grad reshards and reduce-scatters once): a backward that follows a forward gathers again, m of
+    them a step. (In 1F1B and GPipe alike a rank gathers m + 1 times a step: its warm-up forwards gather, and the
+    backwards that follow a backward do not; the count is placed as 1 forward and m backward gathers.)"""
+    reshard = plan.cfg.parallelism.fsdp_reshard_after_forward
+    if plan.pp_plan is None:
+        return 0 if reshard == "never" else 1
+    return plan.n_microbatches if reshard == "always" else 0
+
+
 def fsdp_units(
     plan: Plan,
     r: Rates,
@@ -606,10 +625,10 @@ def fsdp_units(
             x + _ring(plan, r, size[k] * plan.reduce_bytes / n, d.dp_replicate, span, "all_reduce")
             for x, k in zip(rs, kinds)
         ]
-    regather = plan.pp_plan is None and plan.cfg.parallelism.fsdp_reshard_after_forward != "never"
-    ag_bwd = [a if (regather and k != "head") else 0.0 for a, k in zip(ag, kinds)]
+    regathers = fsdp_regathers(plan)
+    ag_bwd = [a if (regathers and k != "head") else 0.0 for a, k in zip(ag, kinds)]
     if plan.hw.is_cpu:  # gloo runs on the same cores as the compute: nothing overlaps
-        return sum(ag) + sum(ag_bwd) + sum(rs)
+        return sum(ag) + regathers * sum(ag_bwd) + sum(rs)
     fwd = [p[0] for p in passes]
     bwd = [p[1] for p in passes]
     # an overlapped collective holds NCCL's channels' SMs, slowing the compute it overlaps (collectives.py)
@@ -626,13 +645,21 @@ def fsdp_units(
         SMs they hold then slow only compute that is not on the critical path, unless it becomes so."""
         return collectives.overlap_extension(comm, compute, share, *gemm[unit])
 
-    exposed = ag[0] + sum(overlap(ag[i], fwd[i - 1], i - 1) for i in range(1, len(ag)))
     order = list(range(len(kinds)))[::-1]  # backward runs the units in reverse
-    exposed += ag_bwd[order[0]]
-    for j, u in enumerate(order):
-        link = (ag_bwd[order[j + 1]] if j + 1 < len(order) else 0.0) + (rs[order[j - 1]] if j > 0 else 0.0)
-        exposed += overlap(link, bwd[u], u)
-    return exposed + rs[order[-1]]
+
+    def backward(reduce: list[float]) -> float:
+        """Exposed seconds of one backward (the units in reverse): beside each unit's backward run the next
+        unit's re-gather (prefetched) and the previous unit's reduce-scatter."""
+        out = ag_bwd[order[0]]
+        for j, u in enumerate(order):
+            prefetch = ag_bwd[order[j + 1]] if j + 1 < len(order) else 0.0
+            out += overlap(prefetch + (reduce[order[j - 1]] if j > 0 else 0.0), bwd[u], u)
+        return out + reduce[order[-1]]
+
+    exposed = ag[0] + sum(overlap(ag[i], fwd[i - 1], i - 1) for i in range(1, len(ag)))
+    exposed += backward(rs)
+    # under PP with blocks resharded after forward, the other micro-batches' backwards gather them again
+    return exposed + max(0, regathers - 1) * backward([0.0] * len(rs))
 
 
 def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
@@ -651,9 +678,8 @@ def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
         return 0.0
     gb = gather_bytes(plan, fp8_param_share(plan))
     n_blocks, has_emb, has_head = plan.rank_layers()[rank]
-    regather = plan.pp_plan is None and plan.cfg.parallelism.fsdp_reshard_after_forward != "never"
     b = plan.act_bytes
-    gathers = 2 if regather else 1
+    gathers = 1 + fsdp_regathers(plan)
     blocks = n_blocks * plan.block_params()
     emb = plan.embedding_params() if has_emb else 0
     head = plan.head_params() if has_head else 0  # stays gathered for backward: one copy-out
