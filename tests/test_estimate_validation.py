@@ -411,6 +411,18 @@ _BAISYA_3D = (
     " over 16 blocks forward and backward), so it is a rate, not a per-micro-batch cost. Which torch ran is"
     " not stated: not explained"
 )
+_KEMPNER_TP_PP = (
+    "KempnerForge's config validation report (code 601aba9, 2026-04; out of sample, twenty-fifth pass): the"
+    " three pipeline rows, PP x FSDP x TP 4 on 8 nodes of 4 H200, 1F1B with 4 / 8 / 4 micro-batches, eager"
+    " (compile off), full AC, FSDP resharding after every micro-batch's forward: 13B PP 2 +71.1 %, 29B PP 2"
+    " +98.5 %, 70B PP 4 +82.0 %, published steps 4.99 / 5.78 / 4.29 s against 2.92 / 2.91 / 2.36 estimated"
+    " (the bubble, 0.25-0.55 s, and the re-gathers priced). The same report's FSDP 4, FSDP 32 and TP 4 x"
+    " FSDP 3 rows fit (+6.9 / +0.1 / +9.0 %), as its framework's compiled TP x FSDP rows do; Baisya's GB200"
+    " sweep has PP 4 x FSDP 2 within the goal and FSDP 2 x TP 2 x PP 2 at +28 .. +42 %: pipeline"
+    " parallelism and TP are each priced, their combination is not. Eager DTensor dispatch on a host that"
+    " torch's pipelining blocks at every receive would be a per-operation cost, which Baisya's compiled rows"
+    " (the missing time growing with the tokens) do not show: not explained"
+)
 _BAISYA_CP = (
     "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), FSDP 2 x TP 2 x CP 2 at 32 x"
     " 2048, 32 x 4096 and 64 x 2048, compiled (allgather and per-op SAC assumed): 15,735 / 15,557 / 15,892"
@@ -527,6 +539,10 @@ OUTSIDE: dict[tuple[str, str], str] = {
     **{
         (f"h200x4_{m}_kempnerforge", "tokens/s/device"): _KEMPNER_TP
         for m in ("7b_tp2", "7b_tp4_fsdp4", "7b_tp4_fsdp8")
+    },
+    **{
+        (f"h200x4_{m}_kempnerforge_cv", "tokens/s/device"): _KEMPNER_TP_PP
+        for m in ("13b_pp2_fsdp4_tp4", "29b_pp2_fsdp4_tp4", "70b_pp4_fsdp2_tp4")
     },
     **{
         (f"a100_{r}_b1_none_eager_yafsdp", "tokens/s/device"): _YAFSDP
