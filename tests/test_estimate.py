@@ -1946,8 +1946,8 @@ def test_nanotron_step_costs_are_priced_by_their_bytes():
 def test_ddp_no_sync_prices_one_all_reduce_per_step():
     """--estimate.dp_grad_sync=step: pure data parallelism under accumulation all-reduces once, after the last
     micro-step (DDP's no_sync, nanotron's and Megatron-LM's DDP), where this trainer reduces at every micro-step; the
-    exposed all-reduce and the reduction's buffer copies count once per step. It prices replicas only: with
-    sharding, context or pipeline parallelism it is a one-line error naming the key."""
+    exposed all-reduce and the reduction's buffer copies count once per step. Under pipeline parallelism (which
+    reduces once per schedule step already) it is a one-line error naming the key."""
     argv = ["--model.flavor=debugmodel", "--estimate.hardware=h100-sxm", "--estimate.num_devices=16",
             "--parallelism.data_parallel_replicate_degree=16", "--parallelism.data_parallel_shard_degree=1",
             "--training.local_batch_size=1", "--training.global_batch_size=64"]  # fmt: skip
@@ -1959,6 +1959,40 @@ def test_ddp_no_sync_prices_one_all_reduce_per_step():
     assert once["step_time_breakdown_s"]["compute"] < every["step_time_breakdown_s"]["compute"]  # copies once
     assert once["memory_gib"] == every["memory_gib"]
     replicas8 = "--parallelism.data_parallel_replicate_degree=8"
-    for other in ("--parallelism.data_parallel_shard_degree=2", "--parallelism.pipeline_parallel_degree=2"):
-        with pytest.raises(UserError, match="dp_grad_sync"):
-            build_plan(parse_args([*argv, "--estimate.dp_grad_sync=step", replicas8, other]))
+    with pytest.raises(UserError, match="dp_grad_sync.*pipeline"):
+        build_plan(parse_args([*argv, "--estimate.dp_grad_sync=step", replicas8,
+                               "--parallelism.pipeline_parallel_degree=2"]))  # fmt: skip
+
+
+def test_fsdp_no_sync_reduces_once_and_holds_the_unsharded_gradients():
+    """--estimate.dp_grad_sync=step under FSDP (FSDP2's set_requires_gradient_sync(False), FSDP1's no_sync, as other
+    stacks accumulate): every micro-step still gathers, only the last reduce-scatters; until then the rank's
+    unsharded gradients are kept in the reduce dtype (memory, as under PP) and each micro-step's are added into them
+    (time: memory-bound, steptime.unsharded_grad_accumulation). One micro-step: nothing changes."""
+    argv = ["--model.flavor=8B", "--training.seq_len=4096", "--estimate.hardware=h200",
+            "--estimate.num_devices=32", "--estimate.devices_per_node=4", "--training.local_batch_size=4",
+            "--activation_checkpoint.mode=full"]  # fmt: skip
+    accum = [*argv, "--training.global_batch_size=512"]  # 4 micro-steps
+    every = estimate_plan(build_plan(parse_args(accum)))
+    once_plan = build_plan(parse_args([*accum, "--estimate.dp_grad_sync=step"]))
+    assert (once_plan.reduce_rounds, once_plan.unsharded_grad_passes) == (1, 4)
+    once = estimate_plan(once_plan)
+    e, o = every["step_time_breakdown_s"], once["step_time_breakdown_s"]
+    assert 0 < o["fsdp_comm_exposed"] < e["fsdp_comm_exposed"]
+    # the unsharded gradients, 8.03B parameters in fp32 (the reduce dtype), in place of one block's gradient
+    # buffers in flight (bf16 + two fp32 copies)
+    held = (8.03e9 * 4 - once_plan.block_params() * (2 + 2 * 4)) / 2**30
+    extra = once["memory_breakdown_gib"]["fsdp_buffers"] - every["memory_breakdown_gib"]["fsdp_buffers"]
+    assert extra == pytest.approx(held, rel=0.01)
+    assert once["memory_gib"] > every["memory_gib"] + 25
+    # the accumulation: the first micro-step's gradients upcast (2 + 4 B), the other three added (4 + 2 read, 4
+    # written), per parameter and step
+    from torchtitan.estimate.steptime import Rates, unsharded_grad_accumulation
+
+    r = Rates(once_plan)
+    assert unsharded_grad_accumulation(once_plan, r, 1e9) == pytest.approx((6 + 3 * 10) * 1e9 / r.hbm)
+    assert unsharded_grad_accumulation(build_plan(parse_args(accum)), r, 1e9) == 0
+    one = [*argv, "--training.global_batch_size=128"]
+    assert estimate_plan(build_plan(parse_args([*one, "--estimate.dp_grad_sync=step"]))) == estimate_plan(
+        build_plan(parse_args(one))
+    )

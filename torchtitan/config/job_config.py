@@ -530,9 +530,10 @@ class Estimate:
     )
     dp_grad_sync: Literal["micro_step", "step"] = opt(
         "micro_step",
-        "when pure data parallelism (replicas, no sharding) all-reduces gradients under accumulation: every"
-        " micro-step (this trainer) or once per optimizer step after the last (DDP's no_sync, as nanotron and"
-        " Megatron-LM's DDP do: for runs of that software)",
+        "when data parallelism reduces gradients under accumulation: every micro-step (this trainer) or once per"
+        " optimizer step after the last (no_sync: DDP's as nanotron and Megatron-LM's DDP run it, FSDP2's"
+        " set_requires_gradient_sync(False) or FSDP1's no_sync, which keep the unsharded gradients in the reduce"
+        " dtype until then: for runs of that software; not with pipeline parallelism)",
     )
     grad_accumulator: Literal["none", "fp32"] = opt(
         "none",

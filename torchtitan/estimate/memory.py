@@ -292,7 +292,8 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     p_rank, p_local = rank_params(plan, rank)
     n = plan.fsdp_degree
     sharded = n > 1
-    accumulating = plan.accum > 1 and plan.pp_plan is None
+    # sharded gradients persist from one micro-step to the next (FSDP without no_sync; DDP's unsharded ones either way)
+    accumulating = plan.accum > 1 and plan.pp_plan is None and plan.unsharded_grad_passes == 1
     tokens = plan.tokens_per_pass
 
     params = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else plan.param_bytes * p_local
@@ -347,9 +348,10 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
             gathered += plan.embedding_params() * plan.act_bytes
         # backward: the running block's low-precision gradients and the reduce-dtype copies of two blocks in flight
         grad_buffers = p_blk * (plan.act_bytes + 2 * plan.reduce_bytes)
-        if plan.pp_plan is not None:
-            # PP: gradients are reduce-scattered only after the last micro-batch; until then FSDP accumulates
-            # them unsharded, in the reduce dtype, for the whole stage.
+        if plan.pp_plan is not None or plan.unsharded_grad_passes > 1:
+            # PP, or no_sync over micro-steps (estimate.dp_grad_sync=step): gradients are reduce-scattered only
+            # after the last pass; until then FSDP accumulates them unsharded, in the reduce dtype, for the whole
+            # stage.
             grad_buffers = p_rank * plan.reduce_bytes
     fsdp = gathered + grad_buffers
 

@@ -299,6 +299,23 @@ class Plan:
         return self.dims.grad_accumulation_steps(self.cfg.training)
 
     @property
+    def reduce_rounds(self) -> int:
+        """Gradient reductions (FSDP's reduce-scatters, the replicas' all-reduce) per optimizer step: one per
+        micro-step (this trainer; under PP, one per schedule step), or one after the last micro-step under no_sync
+        (`--estimate.dp_grad_sync=step`: DDP's no_sync, FSDP2's set_requires_gradient_sync(False), FSDP1's no_sync)."""
+        return 1 if self.cfg.estimate.dp_grad_sync == "step" else self.accum
+
+    @property
+    def unsharded_grad_passes(self) -> int:
+        """Forward+backward passes whose gradients FSDP accumulates unsharded, in the reduce dtype, before one
+        reduce-scatter (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: to_accumulated_grad_if_needed,
+        accumulate_unsharded_grad_if_needed): a schedule step's micro-batches under PP, the micro-steps under
+        no_sync; 1 when each pass is reduced on its own, and without FSDP's sharding."""
+        if self.fsdp_degree == 1 or not self.fsdp_wrapped:
+            return 1
+        return self.n_microbatches * self.accum // self.reduce_rounds
+
+    @property
     def tp(self) -> int:
         return self.dims.tp
 
@@ -523,11 +540,11 @@ def build_plan(
     args = model_args_from_config(cfg.model, cfg.training.seq_len)
     dims = ParallelDims.from_config(cfg.parallelism, est.num_devices)
     dims.validate(args, cfg, "cpu" if hw.is_cpu else "cuda")
-    if est.dp_grad_sync == "step" and (dims.dp_shard * dims.cp > 1 or dims.pp_enabled):
+    if est.dp_grad_sync == "step" and dims.pp_enabled:
         raise UserError(
-            "estimate.dp_grad_sync = 'step' prices DDP's no_sync, pure data parallelism: it needs"
-            f" data_parallel_shard_degree, context_parallel_degree and pipeline_parallel_degree of 1 (got"
-            f" {dims.dp_shard}, {dims.cp}, {dims.pp}); valid: micro_step"
+            "estimate.dp_grad_sync = 'step' prices no_sync over gradient-accumulation micro-steps; under pipeline"
+            " parallelism the schedule already reduces once per step: set pipeline_parallel_degree=1 or"
+            " dp_grad_sync=micro_step"
         )
     pp_plan = None
     if dims.pp_enabled:

@@ -599,8 +599,10 @@ def fsdp_units(
     rank: int,
     passes: list[tuple[float, float]],
     gemms: list[tuple[float, float]] | None = None,
+    reduce: bool = True,
 ) -> float:
-    """Exposed seconds of FSDP communication in one forward+backward of a rank's units.
+    """Exposed seconds of FSDP communication in one forward+backward of a rank's units (`reduce`: with its gradient
+    reduction; False: a micro-step under no_sync, gathers only).
 
     `passes` lists (forward, backward) compute seconds of the rank's units in forward order. Units: embedding,
     each block, the head (norm + output), as issue 10 wraps them; the head stays gathered for backward. `gemms`
@@ -625,6 +627,8 @@ def fsdp_units(
             x + _ring(plan, r, size[k] * plan.reduce_bytes / n, d.dp_replicate, span, "all_reduce")
             for x, k in zip(rs, kinds)
         ]
+    if not reduce:
+        rs = [0.0] * len(rs)
     regathers = fsdp_regathers(plan)
     ag_bwd = [a if (regathers and k != "head") else 0.0 for a, k in zip(ag, kinds)]
     if plan.hw.is_cpu:  # gloo runs on the same cores as the compute: nothing overlaps
@@ -662,8 +666,9 @@ def fsdp_units(
     return exposed + max(0, regathers - 1) * backward([0.0] * len(rs))
 
 
-def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
-    """Seconds of FSDP2's own memory-bound copies in one gather-and-reduce round of a rank's units.
+def fsdp_copies(plan: Plan, r: Rates, rank: int, reduce: bool = True) -> float:
+    """Seconds of FSDP2's own memory-bound copies in one gather-and-reduce round of a rank's units (`reduce`:
+    False for a micro-step under no_sync, the copy-outs alone).
 
     torch's fully_shard (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) gathers into one flat buffer and
     copies it out into the unsharded parameters (split_with_sizes_copy, on the compute stream, before the unit can
@@ -685,8 +690,23 @@ def fsdp_copies(plan: Plan, r: Rates, rank: int) -> float:
     head = plan.head_params() if has_head else 0  # stays gathered for backward: one copy-out
     # a shard group of one (replication only) has nothing to gather
     copy_out = 2 * (blocks * gb * gathers + emb * b * gathers + head * b) if plan.fsdp_degree > 1 else 0.0
-    copy_in = (blocks + emb + head) * (b + plan.reduce_bytes)
+    copy_in = (blocks + emb + head) * (b + plan.reduce_bytes) if reduce else 0.0
     return (copy_out + copy_in) / r.hbm
+
+
+def unsharded_grad_accumulation(plan: Plan, r: Rates, params: float) -> float:
+    """Seconds per optimizer step FSDP2 spends accumulating unsharded gradients over `params` (a rank's, after TP)
+    where several passes reduce once (Plan.unsharded_grad_passes: PP's micro-batches, no_sync's micro-steps):
+    the first pass's gradient upcast to the reduce dtype (read b, write r; none when they match), each later pass's
+    added into it (read r and b, write r): _fsdp_param.py's to_accumulated_grad_if_needed and
+    accumulate_unsharded_grad_if_needed, memory-bound."""
+    k = plan.unsharded_grad_passes
+    if k == 1:
+        return 0.0
+    b, red = plan.act_bytes, plan.reduce_bytes
+    rounds = plan.n_microbatches * plan.accum // k
+    per_round = (b + red if red != b else 0) + (k - 1) * (2 * red + b)
+    return rounds * per_round * params / r.hbm
 
 
 def sp_all_gather_bytes(plan: Plan) -> tuple[int, int, int, int]:
@@ -877,16 +897,13 @@ def training_step_time(plan: Plan) -> dict:
         compute = sum(u.compute for u in units) + accumulate
         recompute = sum(u.recompute for u in units)
         attention = sum(u.attention for u in units)
-        fsdp_exposed = fsdp_units(
-            plan,
-            r,
-            rank,
-            [(u.fwd, u.total - u.fwd) for u in units],
-            [
-                (u.matmul / u.compute, u.matmul / u.gemms) if u.gemms and u.compute else (0.0, 0.0)
-                for u in units
-            ],
-        )
+        unit_passes = [(u.fwd, u.total - u.fwd) for u in units]
+        unit_gemms = [
+            (u.matmul / u.compute, u.matmul / u.gemms) if u.gemms and u.compute else (0.0, 0.0) for u in units
+        ]
+        fsdp_exposed = fsdp_units(plan, r, rank, unit_passes, unit_gemms)
+        # under no_sync the micro-steps before the last gather without reducing
+        fsdp_gather_only = fsdp_units(plan, r, rank, unit_passes, unit_gemms, reduce=False)
         if plan.async_tp:
             tp = async_tp_exposed_time(plan, r, tokens, modes, has_emb, has_head)
         else:
@@ -904,6 +921,10 @@ def training_step_time(plan: Plan) -> dict:
                 compute=compute,
                 recompute=recompute,
                 fsdp=fsdp_exposed,
+                fsdp_gather_only=fsdp_gather_only,
+                grad_accumulation=unsharded_grad_accumulation(
+                    plan, r, rank_params(plan, n_blocks, has_emb, has_head) * plan.fsdp_degree
+                ),
                 tp=tp,
                 cp=cp,
                 detail=detail,
@@ -916,11 +937,20 @@ def training_step_time(plan: Plan) -> dict:
     m = plan.n_microbatches
     passes = m * plan.accum  # forward+backward passes per optimizer step on each stage chunk
     # the rank with the most work sets the pace
-    # FSDP gathers and reduces once per micro-step (PP: once per schedule step); under DDP's no_sync
-    # (estimate.dp_grad_sync=step) the replicas all-reduce after the last micro-step only
-    steps = 1 if plan.cfg.estimate.dp_grad_sync == "step" else plan.accum
-    # FSDP2's copies, spread over the passes they serve (under PP they also sit in the schedule's fill and drain)
-    copies = [fsdp_copies(plan, r, i) * steps / passes for i in range(len(per_rank))]
+    # FSDP gathers once per micro-step (PP: once per schedule step) and reduces as often, or under no_sync
+    # (estimate.dp_grad_sync=step) after the last micro-step only: FSDP's reduce-scatters, DDP's all-reduce
+    steps, reduced = plan.accum, plan.reduce_rounds
+    # FSDP2's copies and its accumulation of unsharded gradients, spread over the passes they serve (under PP they
+    # also sit in the schedule's fill and drain)
+    copies = [
+        (
+            fsdp_copies(plan, r, i) * reduced
+            + fsdp_copies(plan, r, i, reduce=False) * (steps - reduced)
+            + x["grad_accumulation"]
+        )
+        / passes
+        for i, x in enumerate(per_rank)
+    ]
     busy = [(x["compute"] + x["recompute"] + x["tp"] + x["cp"]) + c for x, c in zip(per_rank, copies)]
     worst = max(range(len(per_rank)), key=lambda i: busy[i])
     w = per_rank[worst]
@@ -942,7 +972,7 @@ def training_step_time(plan: Plan) -> dict:
     breakdown = {
         "compute": (w["compute"] + copies[worst]) * passes,
         "recompute": w["recompute"] * passes,
-        "fsdp_comm_exposed": w["fsdp"] * steps,
+        "fsdp_comm_exposed": w["fsdp"] * reduced + w["fsdp_gather_only"] * (steps - reduced),
         "tp_comm_exposed": w["tp"] * passes,
         "cp_comm_exposed": w["cp"] * passes,
         "pp_comm_exposed": pp_comm,
