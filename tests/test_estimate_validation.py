@@ -205,24 +205,15 @@ _CRUSOE = (
 )
 _KEMPNER_TP = (
     "KempnerForge's MFU report (Llama-3 7B / 13B / 70B shapes, seq 4096, full AC, compiled, fused AdamW, bf16"
-    " parameters; 1-8 nodes of 4 H200, code 01b461a, 2026-04; out of sample, twelfth pass). As estimated"
-    " every row with TP was high (one node: TP 2 +31.8 %, TP 2 x FSDP 2 +33.4 %, TP 4 +13.4 %; across nodes,"
-    " TP 4 x FSDP 2 / 4 / 8: 7B +26.4 / +33.0 / +39.9 %, 13B +18.4 / +18.8 / +21.3 %, 70B +22.7 %) and every"
-    " FSDP-only row fit (+0.7, +7.9 %). Two mechanisms priced after the pass moved them: the framework's TP"
-    " without loss parallel (logits all-gathered, the loss on the whole vocabulary on every TP rank: this"
-    " trainer's own plan, 0.5-5.9 points) and the persistent-GEMM rule for FSDP's overlap (the multi-node TP"
-    " x FSDP rows to -3.2 .. +12.0 %). Left outside: the one-node TP 2 rows, +29.4 % (TP 2) and +27.7 % (TP 2"
-    " x FSDP 2), published steps 2.49 / 2.52 s against ~1.9 s estimated, 36 % MFU where the estimate has 44"
-    " %, while TP 4 on the same node fits (+8.5 %). Not priced: a replicated embedding, forward hooks"
-    " re-wrapping attention / MLP outputs as DTensors inside the compiled model, FSDP2 over a size-1 mesh"
-    " under pure TP. 20-step runs, the last 5 averaged. Since the full-AC recompute stops before w2 (session"
-    " 44: torch's non-reentrant checkpoint with early stop, the framework's checkpoint_wrapper) every full-AC"
-    " row is 3-5 points faster: the TP 2 rows +36.6 / +34.7 %, and two 7B TP 4 x FSDP rows across nodes leave"
-    " the goal (+9.7 / +12.0 -> +15.1 / +17.3 %) while the 13B rows of the same layouts stay at +1.5 .. +7.1"
-    " %: the 7B shape's TP rows are high, not explained. Since the node is priced as what it is, 4 GPUs"
-    " linked pairwise with no NVSwitch (--estimate.intra_node_topology=mesh, session 47: a pair of them has a"
-    " third of the node's NVLink bandwidth), the TP 2 rows are +17.9 % (TP 2) and +11.8 % (TP 2 x FSDP 2,"
-    " back in the goal; +12.8 % since its no_sync is priced, session 49); TP 2 alone stays out, 2.49 s published against 2.11 s estimated"
+    " parameters; 1-8 nodes of 4 H200, code 01b461a, 2026-04; out of sample, twelfth pass), the one-node TP rows"
+    " of the 7B shape: TP 2 +19.4 %, TP 4 +17.7 % (TP 2 x FSDP 2 +14.2 %, within), published 2.49 s a step for"
+    " TP 2. Priced on the way: the framework's TP without loss parallel (this trainer's own plan), the 4-GPU"
+    " board as a mesh (session 47: a pair of its GPUs has a third of the node's NVLink; +36.6 % before), the"
+    " full-AC recompute stopping before w2 (session 44), and since session 49 its loss on the bf16 logits"
+    " (--estimate.eager_loss=bf16, +1.5 / +2.8 points: the loss of the whole vocabulary on every TP rank is"
+    " cheaper than the upcast one priced before). Not priced: a replicated embedding, forward hooks re-wrapping"
+    " attention / MLP outputs as DTensors inside the compiled model, FSDP2 over a size-1 mesh under pure TP."
+    " 20-step runs, the last 5 averaged: not explained"
 )
 _YAFSDP = (
     "YaFSDP README's FSDP1 baselines (Hugging Face Llama, FSDP1 bf16 / fp32 reduce, batch 1, no AC, eager, on 64-256"
@@ -416,12 +407,16 @@ _KEMPNER_NO_SYNC = (
     "KempnerForge's TP 4 x FSDP rows across nodes (MFU report, weak-scaling campaign, config validation; 4-GPU H200"
     " nodes, NDR InfiniBand, gradient accumulation 4 or 8 under FSDP2's set_requires_gradient_sync(False)). Since"
     " session 49 the accumulation is priced as it ran (--estimate.dp_grad_sync=step: one reduce-scatter a step and"
-    " the unsharded fp32 gradients added each micro-step, where every micro-step's reduce-scatter had been priced):"
-    " 70B TP 4 x FSDP 8 / 16 / 24 / 32 / 40 +11.5 / +6.2 / +8.6 / +6.8 / +7.7 -> +28.2 / +23.8 / +27.0 / +24.9 /"
-    " +26.2 %, 7B TP 4 x FSDP 2 / 3 / 4 / 8 +14.3 / +9.0 / +15.1 / +17.3 -> +17.3 / +17.5 / +20.4 / +23.2 %,"
-    " while the 13B rows of the same layouts stay within (+4.0 .. +12.2 %) and so does the 175B row at"
-    " accumulation 1 (-14.6 %). The fit before rested on reduce-scatters that did not run. The NICs per node"
-    " are not stated (400 Gb/s per GPU assumed; at 200 the 175B row would be -30 %): not explained"
+    " the unsharded fp32 gradients added each micro-step, where every micro-step's reduce-scatter had been priced)"
+    " and the loss on bf16 logits (--estimate.eager_loss=bf16): 70B TP 4 x FSDP 8 / 16 / 24 / 32 / 40 +11.5 /"
+    " +6.2 / +8.6 / +6.8 / +7.7 -> +28.4 / +24.0 / +27.2 / +25.2 / +26.5 %, 7B TP 4 x FSDP 2 / 3 / 4 / 8 +14.3 /"
+    " +9.0 / +15.1 / +17.3 -> +19.9 / +20.1 / +23.0 / +25.6 %, while the 13B rows of the same layouts stay within"
+    " (+5.1 .. +13.6 %) and so does the 175B row at accumulation 1 (-14.5 %). The fit before rested on"
+    " reduce-scatters that did not run; the row's own memory says no_sync ran (70B TP 4 x FSDP 8: 93.2 GB of"
+    " torch's allocated; estimated with its bf16 states 93.2 GiB allocated with the unsharded fp32 gradients"
+    " held, 29.5 without)."
+    " The NICs per node are not stated (400 Gb/s per GPU assumed; at 200 the 175B row would be about -30 %):"
+    " not explained"
 )
 _TINYLLAMA = (
     "TinyLlama 1.1B on 16 A100-40G (Lightning Fabric FSDP1 with no_sync over 8 micro-steps, hand-fused kernels,"
@@ -435,10 +430,11 @@ _TINYLLAMA = (
 _KEMPNER_TP_PP = (
     "KempnerForge's config validation report (code 601aba9, 2026-04; out of sample, twenty-fifth pass): the"
     " three pipeline rows, PP x FSDP x TP 4 on 8 nodes of 4 H200, 1F1B with 4 / 8 / 4 micro-batches, eager"
-    " (compile off), full AC, FSDP resharding after every micro-batch's forward: 13B PP 2 +69.8 %, 29B PP 2"
-    " +93.0 %, 70B PP 4 +76.3 % (+71.1 / +98.5 / +82.0 % before FSDP's accumulation of unsharded gradients was"
-    " priced), published steps 4.99 / 5.78 / 4.29 s against about 2.9 / 3.0 / 2.4 estimated (the bubble and the"
-    " re-gathers priced). The same report's FSDP 4 and FSDP 32 rows fit (+8.2 / +3.1 %); Baisya's GB200"
+    " (compile off), full AC, FSDP resharding after every micro-batch's forward: 13B PP 2 +73.8 %, 29B PP 2"
+    " +95.0 %, 70B PP 4 +78.0 % (+71.1 / +98.5 / +82.0 % as first estimated; since, FSDP's accumulation of"
+    " unsharded gradients priced and the loss on bf16 logits mapped), published steps 4.99 / 5.78 / 4.29 s"
+    " against about 2.9 / 3.0 / 2.4 estimated (the bubble and the re-gathers priced). The same report's FSDP 4"
+    " and FSDP 32 rows fit (+9.1 / +3.9 %); Baisya's GB200"
     " sweep has PP 4 x FSDP 2 within the goal and FSDP 2 x TP 2 x PP 2 at +26 .. +34 %: pipeline"
     " parallelism and TP are each priced, their combination is not. Eager DTensor dispatch on a host that"
     " torch's pipelining blocks at every receive would be a per-operation cost, which Baisya's compiled rows"
@@ -557,7 +553,7 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"{r}_sac_op_eager_crusoe", "tokens/s/device"): _CRUSOE
         for r in ("h100_8b_fsdp128_b2", "h100_8b_fsdp32_b2")
     },
-    ("h200x4_7b_tp2_kempnerforge", "tokens/s/device"): _KEMPNER_TP,
+    **{(f"h200x4_7b_{m}_kempnerforge", "tokens/s/device"): _KEMPNER_TP for m in ("tp2", "tp4")},
     **{
         (f"h200x4_{m}", "tokens/s/device"): _KEMPNER_NO_SYNC
         for m in (
