@@ -285,14 +285,15 @@ def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, c
             "estimate.sm_clock_mhz = 2100 is above the H100 SXM's boost clock",
         ),
         (
-            ["--estimate.num_devices=8", "--estimate.model_dtype=bfloat16"],
-            "priced without an FSDP wrapper only",
+            ["--estimate.num_devices=8", "--estimate.model_dtype=bfloat16", "--parallelism.fsdp_cpu_offload=true"],
+            "estimate.model_dtype = 'bfloat16' is not priced with parallelism.fsdp_cpu_offload",
         ),
         (
             [
                 "--model.flavor=1B",
                 "--estimate.num_devices=8",
                 "--estimate.model_dtype=bfloat16",
+                "--parallelism.fsdp_cpu_offload=true",
                 "--estimate.search=true",
             ],
             "search: every layout of 8 devices was refused, the first: estimate.model_dtype",
@@ -1996,3 +1997,16 @@ def test_fsdp_no_sync_reduces_once_and_holds_the_unsharded_gradients():
     assert estimate_plan(build_plan(parse_args([*one, "--estimate.dp_grad_sync=step"]))) == estimate_plan(
         build_plan(parse_args(one))
     )
+
+
+def test_bf16_model_under_fsdp_keeps_its_states_in_bf16():
+    """--estimate.model_dtype=bfloat16 under FSDP (a model cast to bf16 before FSDP2, as KempnerForge builds it):
+    the sharded parameters, gradients and AdamW moments in bf16, half the trainer's fp32 ones, the sharded
+    gradients in the reduce-scatter stream's pool at 2 B a parameter; the optimizer step moves half the bytes."""
+    argv = ["--model.flavor=8B", "--estimate.hardware=h100-sxm", "--estimate.num_devices=8",
+            "--training.local_batch_size=1", "--activation_checkpoint.mode=full"]  # fmt: skip
+    fp32 = estimate_plan(build_plan(parse_args(argv)))
+    bf16 = estimate_plan(build_plan(parse_args([*argv, "--estimate.model_dtype=bfloat16"])))
+    for key in ("parameters", "gradients", "optimizer_states"):
+        assert bf16["memory_breakdown_gib"][key] == pytest.approx(fp32["memory_breakdown_gib"][key] / 2)
+    assert bf16["step_time_breakdown_s"]["optimizer"] == pytest.approx(fp32["step_time_breakdown_s"]["optimizer"] / 2)

@@ -560,8 +560,8 @@ class Estimate:
         "trainer",
         "the dtype parameters, gradients and optimizer states are kept in: trainer (fp32, bf16 compute by FSDP2's"
         " mixed precision or autocast) or bfloat16 = a model built and stepped in bf16 throughout, no fp32 copy and"
-        " no casts (scripts that build a Hugging Face model in bf16 and train it without FSDP: for runs of that"
-        " software)",
+        " no casts (scripts that build a Hugging Face model in bf16, or frameworks that cast the model to bf16"
+        " before FSDP2 as KempnerForge does: for runs of that software; not with CPU offload)",
     )
     optimizer: Literal["trainer", "sgd"] = opt(
         "trainer",

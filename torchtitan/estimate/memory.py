@@ -274,13 +274,14 @@ def reduce_scatter_pool_bytes(plan: Plan, p_local: float) -> float:
     optimizer" (pytorch/pytorch#129721, which moved the larger reduce-scatter input to the default stream). CUDA's
     caching allocator serves an allocation only from blocks cached for the same stream, so the compute stream never
     reuses these blocks after zero_grad frees them, nor the reduce-scatter stream the activations' blocks: reserved
-    memory is the compute stream's peak plus 4 B per local parameter. CPU has no streams (the gradients reuse what
+    memory is the compute stream's peak plus 4 B per local parameter (2 B for a bf16 model,
+    --estimate.model_dtype=bfloat16). CPU has no streams (the gradients reuse what
     the step freed, as before); no FSDP wrapper (autocast) leaves the gradients to autograd on the compute stream;
     CPU offload moves them to the host.
     """
     if plan.hw.is_cpu or not plan.fsdp_wrapped or plan.cfg.parallelism.fsdp_cpu_offload:
         return 0.0
-    return MASTER_BYTES * p_local
+    return plan.param_bytes * p_local  # the parameters' dtype: fp32 here, bf16 for a bf16 model
 
 
 def rank_memory(plan: Plan, rank: int) -> dict[str, float]:

@@ -556,10 +556,9 @@ def build_plan(
         block = tuple(dataclasses.replace(lin, float8=False) for lin in block)
         head = dataclasses.replace(head, float8=False)
     plan = Plan(cfg, args, dims, pp_plan, hw, eff, calibration, block, head)
-    if plan.bf16_model and plan.fsdp_wrapped:
+    if plan.bf16_model and cfg.parallelism.fsdp_cpu_offload:
         raise UserError(
-            "estimate.model_dtype = 'bfloat16' is priced without an FSDP wrapper only (no data or context"
-            f" parallelism, no CPU offload); got data_parallel_replicate_degree {dims.dp_replicate},"
-            f" data_parallel_shard_degree {dims.dp_shard}, context_parallel_degree {dims.cp}; valid here: trainer"
+            "estimate.model_dtype = 'bfloat16' is not priced with parallelism.fsdp_cpu_offload (the offloaded"
+            " states are this trainer's fp32 ones); valid here: trainer"
         )
     return plan

@@ -28,8 +28,8 @@ from torchtitan.models import model_args_from_config
 
 from .efficiency import DEFAULT, Efficiency
 from .inference import estimate_inference, inference_hardware
-from .memory import rest_ratio, scale_peak, state_gib
-from .plan import Calibration, build_plan
+from .memory import rank_memory, rest_ratio, scale_peak, state_gib
+from .plan import GIB, Calibration, build_plan
 from .search import AC_MODES, LOCAL_BATCHES
 from .training import estimate_plan
 
@@ -81,6 +81,15 @@ def training_estimate(ref: dict, row: dict, eff: Efficiency = DEFAULT) -> dict:
     if row.get("tuned"):
         return tuned_estimate(ref, row, eff)
     return estimate_plan(build_plan(training_cfg(ref, row), eff=eff))
+
+
+def allocated_peak_gib(ref: dict, row: dict, estimate: dict, eff: Efficiency = DEFAULT) -> float:
+    """The estimate's peak of torch's allocated memory, for a row that publishes max_memory_allocated
+    (`memory_allocated_gib`): the peak's parts less the caching allocator's overhead (fragmentation and pools,
+    memory.rank_memory), on the row's `memory_pipeline_rank`, else the worst one."""
+    rank = row.get("memory_pipeline_rank", estimate["peak_pipeline_rank"] or 0)
+    parts = rank_memory(build_plan(training_cfg(ref, row), eff=eff), rank)
+    return (sum(parts.values()) - parts["allocator_and_comm_overhead"]) / GIB
 
 
 def tuned_estimate(ref: dict, row: dict, eff: Efficiency = DEFAULT) -> dict:
@@ -164,6 +173,12 @@ def table(
                                 estimated=estimated, goal=goal, **device_and_layout(r), **similar))  # fmt: skip
                 if what == "memory GiB":  # what an anchor leaves unscaled (memory.scale_peak)
                     out[-1]["state_gib"] = state_gib(r)
+        if "memory_allocated_gib" in row:  # the source's counter: torch's allocated peak
+            if "memory_gib" in row:
+                raise ValueError(f"{row['id']}: memory_gib and memory_allocated_gib are one figure; give one")
+            out.append(dict(id=row["id"], source=row["source"], what="memory GiB", published=row["memory_allocated_gib"],
+                            estimated=allocated_peak_gib(ref, row, r, eff), goal=TRAINING_QUANTITIES["memory GiB"][2],
+                            state_gib=state_gib(r), **device_and_layout(r), **similar))  # fmt: skip
     for row in filter(keep, ref["inference"] if wanted(DECODE_QUANTITY) else []):
         r = inference_estimate(ref, row, eff)
         out.append(dict(id=row["id"], source=row["source"], what=DECODE_QUANTITY, published=row["tokens_per_sec"],
