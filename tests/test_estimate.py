@@ -285,7 +285,11 @@ def test_an_estimate_carries_its_comparable_rows_errors(tmp_path, monkeypatch, c
             "estimate.sm_clock_mhz = 2100 is above the H100 SXM's boost clock",
         ),
         (
-            ["--estimate.num_devices=8", "--estimate.model_dtype=bfloat16", "--parallelism.fsdp_cpu_offload=true"],
+            [
+                "--estimate.num_devices=8",
+                "--estimate.model_dtype=bfloat16",
+                "--parallelism.fsdp_cpu_offload=true",
+            ],
             "estimate.model_dtype = 'bfloat16' is not priced with parallelism.fsdp_cpu_offload",
         ),
         (
@@ -2009,4 +2013,6 @@ def test_bf16_model_under_fsdp_keeps_its_states_in_bf16():
     bf16 = estimate_plan(build_plan(parse_args([*argv, "--estimate.model_dtype=bfloat16"])))
     for key in ("parameters", "gradients", "optimizer_states"):
         assert bf16["memory_breakdown_gib"][key] == pytest.approx(fp32["memory_breakdown_gib"][key] / 2)
-    assert bf16["step_time_breakdown_s"]["optimizer"] == pytest.approx(fp32["step_time_breakdown_s"]["optimizer"] / 2)
+    assert bf16["step_time_breakdown_s"]["optimizer"] == pytest.approx(
+        fp32["step_time_breakdown_s"]["optimizer"] / 2
+    )
