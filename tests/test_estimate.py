@@ -2016,3 +2016,28 @@ def test_bf16_model_under_fsdp_keeps_its_states_in_bf16():
     assert bf16["step_time_breakdown_s"]["optimizer"] == pytest.approx(
         fp32["step_time_breakdown_s"]["optimizer"] / 2
     )
+
+
+def test_replicated_tp_embedding_holds_the_whole_table_on_every_tp_rank():
+    """--estimate.tp_embedding=replicated (KempnerForge's TP plan): the token embedding is not split over the TP
+    ranks, so each holds the whole table over its FSDP shards (parameters, gradients, moments), gathers all of it,
+    and the embedding has no forward TP collective (sequence parallelism slices its output), one backward
+    all-gather of its output's gradient."""
+    from torchtitan.estimate.memory import fsdp_shard_params
+
+    argv = ["--model.flavor=8B", "--estimate.hardware=h100-sxm", "--estimate.num_devices=16",
+            "--parallelism.tensor_parallel_degree=4", "--parallelism.data_parallel_shard_degree=4",
+            "--training.local_batch_size=2", "--training.seq_len=4096"]  # fmt: skip
+    plans = {
+        x: build_plan(parse_args([*argv, f"--estimate.tp_embedding={x}"])) for x in ("sharded", "replicated")
+    }
+    table = 128256 * 4096
+    assert plans["replicated"].embedding_params() == table == 4 * plans["sharded"].embedding_params()
+    assert (
+        fsdp_shard_params(plans["replicated"], 0) - fsdp_shard_params(plans["sharded"], 0) == 3 * table // 16
+    )
+    est = {x: estimate_plan(p) for x, p in plans.items()}
+    b = {x: e["step_time_breakdown_s"] for x, e in est.items()}
+    assert b["replicated"]["fsdp_comm_exposed"] > b["sharded"]["fsdp_comm_exposed"]
+    assert b["replicated"]["tp_comm_exposed"] < b["sharded"]["tp_comm_exposed"]
+    assert est["replicated"]["memory_gib"] > est["sharded"]["memory_gib"]

@@ -556,6 +556,12 @@ class Estimate:
         " SiLU and the product, which run at the strided rate torch's eager kernels measured (nanotron's"
         " GLUActivation: for runs of that software)",
     )
+    tp_embedding: Literal["sharded", "replicated"] = opt(
+        "sharded",
+        "the token embedding under tensor parallelism: sharded (this trainer: rowwise over the TP ranks) or replicated"
+        " = the whole table on every TP rank, its output sliced for sequence parallelism (KempnerForge's TP plan:"
+        " for runs of that software)",
+    )
     model_dtype: Literal["trainer", "bfloat16"] = opt(
         "trainer",
         "the dtype parameters, gradients and optimizer states are kept in: trainer (fp32, bf16 compute by FSDP2's"

@@ -517,7 +517,10 @@ class Plan:
         return mats / self.tp + 2 * self.args.dim
 
     def embedding_params(self) -> float:
-        return self.args.vocab_size * self.args.dim / self.tp
+        """The token embedding's parameters on this rank: rowwise over the TP ranks, or the whole table where it is
+        replicated (--estimate.tp_embedding)."""
+        shards = self.tp if self.cfg.estimate.tp_embedding == "sharded" else 1
+        return self.args.vocab_size * self.args.dim / shards
 
     def head_params(self) -> float:
         """norm + output (0 for the output when tied: it is the embedding's table)."""

@@ -770,13 +770,16 @@ def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float
 
 
 def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool) -> float:
-    """Seconds of the embedding's and the head's TP collectives in one pass (half forward, half backward)."""
+    """Seconds of the embedding's and the head's TP collectives in one pass (half forward, half backward). A
+    replicated embedding (--estimate.tp_embedding=replicated) has no forward collective (sequence parallelism slices
+    its output) and, under sequence parallelism, one backward all-gather of its output's gradient."""
     if plan.tp == 1:
         return 0.0
     kind = "all_gather" if plan.sequence_parallel else "all_reduce"
-    n = (2 if has_emb else 0) + (2 if has_head else 0)
+    replicated = plan.cfg.estimate.tp_embedding == "replicated"
+    n = (2 - replicated if has_emb else 0) + (2 if has_head else 0)
     if not plan.sequence_parallel:
-        n //= 2
+        n = (0 if replicated else 1) * has_emb + has_head
     return n * _ring(plan, r, tokens * plan.args.dim * plan.act_bytes, plan.tp, 1, kind)
 
 
