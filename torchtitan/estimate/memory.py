@@ -183,10 +183,9 @@ def fsdp_shard_params(plan: Plan, rank: int, index: int = 0) -> int:
         )
     vocab_rows = plan.args.vocab_size // tp
     total = n_blocks * block
-    if (
-        has_emb
-    ):  # the table's rows on this TP rank, all of them where it is replicated (--estimate.tp_embedding)
-        total += shard(vocab_rows if plan.cfg.estimate.tp_embedding == "sharded" else plan.args.vocab_size, d)
+    if has_emb:  # the table's rows on this TP rank (all where it is replicated: --estimate.tp_embedding)
+        replicated = plan.cfg.estimate.tp_embedding == "replicated"
+        total += shard(plan.args.vocab_size if replicated else vocab_rows, d)
     if has_head:
         total += shard(d, 1) + (0 if plan.args.tie_embeddings else shard(vocab_rows, d))
     return total

@@ -777,9 +777,10 @@ def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool
         return 0.0
     kind = "all_gather" if plan.sequence_parallel else "all_reduce"
     replicated = plan.cfg.estimate.tp_embedding == "replicated"
-    n = (2 - replicated if has_emb else 0) + (2 if has_head else 0)
-    if not plan.sequence_parallel:
-        n = (0 if replicated else 1) * has_emb + has_head
+    if plan.sequence_parallel:
+        n = ((1 if replicated else 2) if has_emb else 0) + (2 if has_head else 0)
+    else:  # all-reduces, forward only
+        n = (0 if replicated else int(has_emb)) + int(has_head)
     return n * _ring(plan, r, tokens * plan.args.dim * plan.act_bytes, plan.tp, 1, kind)
 
 
