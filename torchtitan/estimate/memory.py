@@ -183,9 +183,8 @@ def fsdp_shard_params(plan: Plan, rank: int, index: int = 0) -> int:
         )
     vocab_rows = plan.args.vocab_size // tp
     total = n_blocks * block
-    if has_emb:  # the table's rows on this TP rank (all where it is replicated: --estimate.tp_embedding)
-        replicated = plan.cfg.estimate.tp_embedding == "replicated"
-        total += shard(plan.args.vocab_size if replicated else vocab_rows, d)
+    if has_emb:
+        total += shard(plan.args.vocab_size // plan.embedding_tp_shards, d)
     if has_head:
         total += shard(d, 1) + (0 if plan.args.tie_embeddings else shard(vocab_rows, d))
     return total

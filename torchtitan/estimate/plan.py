@@ -516,11 +516,15 @@ class Plan:
         mats = sum(lin.in_features * lin.out_features for lin in self.block_linears)
         return mats / self.tp + 2 * self.args.dim
 
+    @property
+    def embedding_tp_shards(self) -> int:
+        """TP ranks the token embedding's rows are split over: all of them (this trainer, rowwise), or 1 where every
+        TP rank keeps the whole table (--estimate.tp_embedding=replicated)."""
+        return self.tp if self.cfg.estimate.tp_embedding == "sharded" else 1
+
     def embedding_params(self) -> float:
-        """The token embedding's parameters on this rank: rowwise over the TP ranks, or the whole table where it is
-        replicated (--estimate.tp_embedding)."""
-        shards = self.tp if self.cfg.estimate.tp_embedding == "sharded" else 1
-        return self.args.vocab_size * self.args.dim / shards
+        """The token embedding's parameters on this rank."""
+        return self.args.vocab_size * self.args.dim / self.embedding_tp_shards
 
     def head_params(self) -> float:
         """norm + output (0 for the output when tied: it is the embedding's table)."""

@@ -776,7 +776,7 @@ def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool
     if plan.tp == 1:
         return 0.0
     kind = "all_gather" if plan.sequence_parallel else "all_reduce"
-    replicated = plan.cfg.estimate.tp_embedding == "replicated"
+    replicated = plan.embedding_tp_shards == 1
     if plan.sequence_parallel:
         n = ((1 if replicated else 2) if has_emb else 0) + (2 if has_head else 0)
     else:  # all-reduces, forward only
@@ -907,7 +907,11 @@ def training_step_time(plan: Plan) -> dict:
         ]
         fsdp_exposed = fsdp_units(plan, r, rank, unit_passes, unit_gemms)
         # under no_sync the micro-steps before the last gather without reducing
-        fsdp_gather_only = fsdp_units(plan, r, rank, unit_passes, unit_gemms, reduce=False)
+        fsdp_gather_only = (
+            fsdp_units(plan, r, rank, unit_passes, unit_gemms, reduce=False)
+            if plan.reduce_rounds < plan.accum
+            else 0.0
+        )
         if plan.async_tp:
             tp = async_tp_exposed_time(plan, r, tokens, modes, has_emb, has_head)
         else:

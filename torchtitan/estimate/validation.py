@@ -174,8 +174,10 @@ def table(
                 if what == "memory GiB":  # what an anchor leaves unscaled (memory.scale_peak)
                     out[-1]["state_gib"] = state_gib(r)
         if "memory_allocated_gib" in row:  # the source's counter: torch's allocated peak
-            if "memory_gib" in row:
-                raise ValueError(f"{row['id']}: memory_gib and memory_allocated_gib are one figure; give one")
+            if "memory_gib" in row or row.get("tuned"):  # allocated_peak_gib plans the row as written
+                raise ValueError(
+                    f"{row['id']}: memory_allocated_gib needs a row without memory_gib and not tuned"
+                )
             out.append(dict(id=row["id"], source=row["source"], what="memory GiB", published=row["memory_allocated_gib"],
                             estimated=allocated_peak_gib(ref, row, r, eff), goal=TRAINING_QUANTITIES["memory GiB"][2],
                             state_gib=state_gib(r), **device_and_layout(r), **similar))  # fmt: skip
