@@ -22,7 +22,9 @@ published microbenchmark or vendor figure (cited beside it) or follows from one 
             published plateaus; B200 and GB200: torch SDPA's cuDNN backend, measured on a B200 less the
             benchmark's host time per call (the GB200 at the B200's TFLOPS); B300 and GB300: that curve times the
             GB300 / GB200 ratio measured with one cuDNN (Blackwell Ultra's doubled exponential units); MI355X:
-            torch's SDPA measured on an MI355X; the same power factor.
+            torch's SDPA measured on an MI355X; the same power factor. Hopper's and Blackwell's curves are
+            benchmark loops (bursts): a run at the power limit sustains them times its GEMMs' sustained / burst
+            ratio (attention_sustained_factor).
 """
 
 from __future__ import annotations
@@ -333,7 +335,8 @@ def _hopper_burst_to_sustained() -> float:
 # factor relates sustained rates, and the loss is applied on its own, at every power limit: a Hopper part's
 # attention sustains its measured curve x this factor x the power factor (500 W: 0.932 x 0.796 = 0.742, the 0.741
 # it had before). An assumption: attention's tensor-core work loses at the power limit what a GEMM loses; no
-# sustained attention measurement was found. Other devices' attention curves are left as measured.
+# sustained attention measurement of a Hopper part was found. Blackwell: see BLACKWELL_ATTENTION_SUSTAINED. Other
+# devices' attention curves are left as measured.
 HOPPER_ATTENTION_SUSTAINED = _hopper_burst_to_sustained()
 
 # SM clock locked below boost (`nvidia-smi -lgc F,F`, as benchmarks do to steady their timing). A tensor core does a
@@ -352,10 +355,22 @@ HOPPER_ATTENTION_SUSTAINED = _hopper_burst_to_sustained()
 #   7606332 benchmark/Llama-3.2-1B-Training/artifacts/b200_run_plot.b200.txt; Meta's Triton benchmark script caps
 #   "frequency to 1965", facebookexperimental/triton PR #814); sustained / burst = 1420 / 1745 (the 8192^3
 #   measurement over the MAMF, 0.814).
+# Blackwell's attention at the power limit, by the Hopper rule above. The curves every Blackwell part takes are
+# bursts on a B200: cuDNN's, timed by cudnn-frontend's benchmark (5 warm-up and 10 timed calls, with sleeps "to avoid
+# GPU throttling"), and FlashAttention-2 at the H100's curves, which the same benchmark's B200 run matched. So a run
+# sustains them times the B200's GEMM sustained / burst ratio at its 1,000 W, the 8192^3 rate over the MAMF (0.814;
+# the GB200, B300 and GB300 take the B200's: an assumption, as their curves are). Checked, not set, by a measurement
+# of attention itself: flashinfer-ai/flashinfer PR #2899 (2026-03-26) times 100 back-to-back calls of FA4 in bf16 on
+# a B200 (batch 4, 8K, 16 heads, head dim 128): "Iters 10- 19: avg=1450 TFLOPS (peak)" .. "Iters 70- 79: avg=1237
+# TFLOPS (fully throttled, -15%)", "SM clocks drop from 1965 MHz to ~1580 MHz", power ~1000 W: 0.853 after 70 calls,
+# with the clock at 0.80 of boost; mamf-finder's sustained rate is read after seconds, not calls. Until 2026-12-03
+# Blackwell's attention curves were priced as measured (docs/estimate_log.md, "Blackwell's attention at the power
+# limit").
+BLACKWELL_ATTENTION_SUSTAINED = B200_BF16_8192 / B200_MAMF_BF16
 LOCKABLE_CLOCK = {  # part: (boost clock MHz, sustained / burst GEMM rate at its TDP)
     "H100 SXM": (1980.0, HOPPER_ATTENTION_SUSTAINED),
     "H200": (1980.0, HOPPER_ATTENTION_SUSTAINED),
-    "B200": (1965.0, B200_BF16_8192 / B200_MAMF_BF16),
+    "B200": (1965.0, BLACKWELL_ATTENTION_SUSTAINED),
 }
 
 
@@ -792,8 +807,12 @@ def blackwell_non_causal_ratio(device: str, seq: float, backward: bool) -> float
 
 
 def attention_sustained_factor(device: str) -> float:
-    """Sustained / measured for the device's attention curves (HOPPER_ATTENTION_SUSTAINED on Hopper, else 1)."""
-    return HOPPER_ATTENTION_SUSTAINED if silicon(device) in HOPPER_ATTENTION_DEVICES else 1.0
+    """Sustained / measured for the device's attention curves: HOPPER_ATTENTION_SUSTAINED on Hopper,
+    BLACKWELL_ATTENTION_SUSTAINED on Blackwell, else 1 (left as measured)."""
+    device = silicon(device)
+    if device in HOPPER_ATTENTION_DEVICES:
+        return HOPPER_ATTENTION_SUSTAINED
+    return BLACKWELL_ATTENTION_SUSTAINED if device in BLACKWELL_DEVICES else 1.0
 
 
 def attention_backend(device: str, requested: str = "auto") -> str:
