@@ -83,8 +83,23 @@ class Efficiency:
     async_tp_backward_exposed_full: float = 0.98
     async_tp_backward_exposed: float = 1.40
     # ---- memory ----
-    fragmentation: float = 0.05  # caching-allocator reserved / allocated at the peak
-    allocator_fixed_gib: float = 0.5  # cuBLAS/cuDNN workspaces and small pools held in the allocator
+    # caching-allocator reserved / allocated at the peak, less 1. Measured: this project's seven one-H200 runs
+    # (docs/performance.md, 2026-11-23; the offload run aside), max reserved over max active: 1.003-1.134, median
+    # 1.050 (active >= allocated, so a lower bound on reserved / allocated). Published FSDP runs without expandable
+    # segments hold 1.20-1.36 (torchtitan#135's 8 x H100 FSDP1 / FSDP2 logs, reserved over active); with them
+    # Megatron-LM#6885's M-FSDP run holds 1.089 (203,504 MiB allocated, 221,706 reserved). docs/estimate.md, "Rates".
+    fragmentation: float = 0.05
+    # what torch's allocator holds for the libraries at any peak, GiB: one cuBLAS workspace per (handle, stream)
+    # that runs a GEMM, 32 MiB on sm90 (aten/src/ATen/cuda/CublasHandlePool.cpp, "32MiB for Hopper", since
+    # pytorch/pytorch#91564, torch 2.0; 8.125 MiB elsewhere until #175344, 2026-02), kept until cleared and
+    # allocated through the caching allocator; a step's forward (the main thread) and backward (autograd's device
+    # thread) hold one each, 64 MiB; cuBLASLt's 1 MiB each; the small pool's 2 MiB segments, ~17 MiB in a
+    # torchtitan memory summary (torchtitan#735, "from small pool | 16 MiB | 17 MiB", as a search helper quoted it;
+    # the thread was not re-read): 83 MiB, the Hopper sum taken
+    # for every part (the 8.125 MiB parts hold 0.045 GiB less). Attention's backward scratch (FlashAttention-2's and
+    # cuDNN's fp32 dQ accumulator, 4 bytes x tokens x heads x head dim) lives inside one block's backward, below the
+    # FFN's working set at the block's peak: not added. 0.5 (no source) until 2026-12-03.
+    allocator_fixed_gib: float = 0.083
     # CPU (with a measured runtime): glibc's heap keeps part of the tensor memory a step frees. Its mmap threshold
     # rises to the largest block freed (mallopt(3), M_MMAP_THRESHOLD, dynamic up to 32 MiB), so from the first step
     # on the tensors of a small model live in the heap, whose freed holes stay resident. Measured as resident peak
@@ -92,7 +107,14 @@ class Efficiency:
     # estimated tensor peak: debug model at batch 4 0.036 / 0.174 GiB = 0.21, debugmodel_large at batch 2
     # 0.078 / 0.454 GiB = 0.17; the mean. docs/estimate_log.md, "CPU resident memory".
     cpu_heap_retention: float = 0.19
-    # CUDA context + NCCL buffers: outside the allocator, counted only for `fits`
+    # CUDA context + NCCL buffers: outside the allocator, counted only for `fits`. The context with lazy module
+    # loading (CUDA >= 12.2's default; torch sets it since 1.13): 287,047,680 B after one .cuda() (pytorch/pytorch
+    # #86509), "around 400MB" (#109888), 0.48 GiB at an OOM on one GPU (torchchat#1341); NCCL (>= 2.22 connects only
+    # the algorithms a job uses): ~10 MiB per channel and peer (src/init.cc DEFAULT_BUFFSIZE and the LL / LL128
+    # buffers), NVLS 16 x 2 x 1 MiB x 8 = 256 MiB per communicator on 8 Hopper GPUs (src/transport/nvls.cc, 2.21's
+    # 128 KiB step). Together 0.8-1.3 GiB for one FSDP communicator on one 8-GPU node; NVIDIA/nccl#1685 measured
+    # "NV 1.06 GB" per GPU on 8 x H100 with PyTorch's memory excluded, before an all-to-all. Each further
+    # communicator (TP, CP, PP, HSDP) adds ~0.3-0.8 GiB that this constant does not.
     cuda_context_gib: float = 1.0
     # ---- inference (decode reads every weight once per step: bandwidth-bound) ----
     decode_hbm_bf16: float = DECODE_HBM_BF16
