@@ -516,6 +516,33 @@ def test_report_says_which_power_the_compute_rates_stand_for():
     assert rates.compute_power_w("CPU", None) is None
 
 
+def test_fits_reserves_nccl_buffers_for_every_communicator_beyond_the_first():
+    """`fits` keeps the CUDA context and one communicator's NCCL buffers (cuda_context_gib) off the device, and
+    nccl_communicator_gib more for each further process group a step communicates on: FSDP's, HSDP's replicas,
+    TP's, CP's and PP's. A layout is checked against what it leaves usable; the peak itself does not move."""
+    from torchtitan.estimate.memory import nccl_communicators
+    from torchtitan.estimate.plan import build_plan
+
+    def usable(*argv: str) -> float:
+        r = estimate("--model.flavor=8B", "--training.seq_len=8192", "--estimate.num_devices=16", *argv)
+        return r["memory_gib"] / r["memory_over_usable"]
+
+    device = device_spec("H100 SXM").memory_gib
+    layouts = {
+        (): 1,  # FSDP 16
+        ("--parallelism.data_parallel_replicate_degree=2",): 2,
+        ("--parallelism.tensor_parallel_degree=2",): 2,
+        ("--parallelism.tensor_parallel_degree=2", "--parallelism.pipeline_parallel_degree=2"): 3,
+        ("--parallelism.context_parallel_degree=2", "--parallelism.tensor_parallel_degree=2"): 3,
+        ("--parallelism.tensor_parallel_degree=8", "--parallelism.pipeline_parallel_degree=2"): 2,  # no FSDP
+    }
+    for flags, groups in layouts.items():
+        argv = [*H100, "--model.flavor=8B", "--estimate.num_devices=16", *flags]
+        assert nccl_communicators(build_plan(parse_args(argv))) == groups, flags
+        reserved = DEFAULT.cuda_context_gib + DEFAULT.nccl_communicator_gib * (groups - 1)
+        assert usable(*flags) == pytest.approx(device - reserved, rel=1e-9), flags
+
+
 def test_a_locked_sm_clock_slows_compute_only_where_it_binds_before_the_power_limit():
     """A benchmark locks the SM clock (nvidia-smi -lgc): a compute-bound kernel then runs at its burst rate x clock /
     boost, capped by what the power limit sustains. On a 700 W H200 (sustained = 0.932 of the burst) 1,500 MHz
@@ -1221,8 +1248,13 @@ def test_search_json_carries_each_layouts_risk(tmp_path):
     for r in data["layouts"]:
         mem = r["validation"]["memory GiB"]
         assert 0 <= mem["verdict_flipped_by"] <= mem["figures"]
+        lay = r["layout"]
+        groups = sum(
+            n > 1 for n in (lay["dp_shard"] * lay["cp"], lay["dp_replicate"], lay["tp"], lay["cp"], lay["pp"])
+        )
+        reserve = DEFAULT.cuda_context_gib + DEFAULT.nccl_communicator_gib * max(0, groups - 1)
         assert mem["peak_over_capacity"] == pytest.approx(
-            r["memory_gib"] / (r["hardware"]["memory_gib"] - DEFAULT.cuda_context_gib)
+            r["memory_gib"] / (r["hardware"]["memory_gib"] - reserve)
         )
     assert data["validation"] == data["layouts"][0]["validation"]  # the best layout's, not computed twice
 

@@ -114,8 +114,15 @@ class Efficiency:
     # buffers), NVLS 16 x 2 x 1 MiB x 8 = 256 MiB per communicator on 8 Hopper GPUs (src/transport/nvls.cc, 2.21's
     # 128 KiB step). Together 0.8-1.3 GiB for one FSDP communicator on one 8-GPU node; NVIDIA/nccl#1685 measured
     # "NV 1.06 GB" per GPU on 8 x H100 with PyTorch's memory excluded, before an all-to-all. Each further
-    # communicator (TP, CP, PP, HSDP) adds ~0.3-0.8 GiB that this constant does not.
+    # communicator (TP, CP, PP, HSDP) adds more: nccl_communicator_gib.
     cuda_context_gib: float = 1.0
+    # NCCL's device buffers of each communicator beyond the first (TP, CP, PP, HSDP's replicas, FSDP over dp_shard x
+    # cp beside CP's own), outside torch's allocator, for `fits` only: the ring's and the tree's receive buffers over
+    # 16 channels (the Hopper node's, NVIDIA/nccl#1453), ~10 MiB a channel and peer (src/init.cc: SIMPLE 4 MiB
+    # DEFAULT_BUFFSIZE, LL128 4.69 MiB, LL 0.5 MiB, on cuMem's 2 MiB granularity: "one type of size 10485760" in
+    # NVIDIA/nccl#1685): 2 x 16 x 10 MiB = 0.31 GiB, the low end of what such a communicator holds (NVLink SHARP's
+    # 256 MiB on an 8-GPU NVSwitch node, P2P channels and network buffers come on top where they are used).
+    nccl_communicator_gib: float = 2 * 16 * 10 / 1024
     # ---- inference (decode reads every weight once per step: bandwidth-bound) ----
     decode_hbm_bf16: float = DECODE_HBM_BF16
     decode_hbm_int8: float = DECODE_HBM_INT8  # 0.72: Inductor's int8 GEMV at 0.865 of the bf16 GEMV's (above)

@@ -425,6 +425,13 @@ def measured_rss(plan: Plan) -> float | None:
     return plan.along_probed_depths(cal.probe_rss_gib, statistics.fmean)
 
 
+def nccl_communicators(plan: Plan) -> int:
+    """The process groups of more than one rank a step communicates on: FSDP's (dp_shard x cp), HSDP's replicas,
+    TP's, CP's ring and PP's stages, each an NCCL communicator with its own device buffers."""
+    d = plan.dims
+    return sum(n > 1 for n in (plan.fsdp_degree, d.dp_replicate, d.tp, d.cp, d.pp))
+
+
 def training_memory(plan: Plan) -> dict:
     """Per-rank peak memory (the worst pipeline rank) with its breakdown, in GiB, and whether it fits."""
     ranks = range(plan.pp) if plan.pp_plan is not None else [0]
@@ -433,7 +440,12 @@ def training_memory(plan: Plan) -> dict:
     worst = max(range(len(per_rank)), key=lambda r: by_rank[r])
     parts = per_rank[worst]
     total = sum(parts.values())
-    context = 0.0 if plan.hw.is_cpu else plan.eff.cuda_context_gib * GIB
+    context = 0.0
+    if not plan.hw.is_cpu:
+        context = plan.eff.cuda_context_gib + plan.eff.nccl_communicator_gib * max(
+            0, nccl_communicators(plan) - 1
+        )
+        context *= GIB
     usable = plan.hw.memory_gib * GIB - context
     return {
         "memory_gib": total / GIB,
