@@ -1241,6 +1241,9 @@ def test_search_cli(capsys):
 
 
 def test_search_json_carries_each_layouts_risk(tmp_path):
+    from torchtitan.estimate.memory import outside_allocator_gib
+    from torchtitan.estimate.plan import build_plan
+
     out = tmp_path / "s.json"
     assert estimate_main([*H100, "--model.flavor=8B", "--estimate.num_devices=8", "--estimate.search=true",
                           "--estimate.search_top=4", f"--estimate.json={out}"]) == 0  # fmt: skip
@@ -1248,13 +1251,11 @@ def test_search_json_carries_each_layouts_risk(tmp_path):
     for r in data["layouts"]:
         mem = r["validation"]["memory GiB"]
         assert 0 <= mem["verdict_flipped_by"] <= mem["figures"]
-        lay = r["layout"]
-        groups = sum(
-            n > 1 for n in (lay["dp_shard"] * lay["cp"], lay["dp_replicate"], lay["tp"], lay["cp"], lay["pp"])
+        plan = build_plan(
+            parse_args([*H100, "--model.flavor=8B", "--estimate.num_devices=8", *layout_flags(r).split()])
         )
-        reserve = DEFAULT.cuda_context_gib + DEFAULT.nccl_communicator_gib * max(0, groups - 1)
         assert mem["peak_over_capacity"] == pytest.approx(
-            r["memory_gib"] / (r["hardware"]["memory_gib"] - reserve)
+            r["memory_gib"] / (r["hardware"]["memory_gib"] - outside_allocator_gib(plan))
         )
     assert data["validation"] == data["layouts"][0]["validation"]  # the best layout's, not computed twice
 

@@ -432,6 +432,12 @@ def nccl_communicators(plan: Plan) -> int:
     return sum(n > 1 for n in (plan.fsdp_degree, d.dp_replicate, d.tp, d.cp, d.pp))
 
 
+def outside_allocator_gib(plan: Plan) -> float:
+    """GiB a GPU rank holds outside torch's allocator, which `fits` keeps off the device: the CUDA context with one
+    communicator's NCCL buffers, and each further communicator's buffers."""
+    return plan.eff.cuda_context_gib + plan.eff.nccl_communicator_gib * max(0, nccl_communicators(plan) - 1)
+
+
 def training_memory(plan: Plan) -> dict:
     """Per-rank peak memory (the worst pipeline rank) with its breakdown, in GiB, and whether it fits."""
     ranks = range(plan.pp) if plan.pp_plan is not None else [0]
@@ -440,13 +446,8 @@ def training_memory(plan: Plan) -> dict:
     worst = max(range(len(per_rank)), key=lambda r: by_rank[r])
     parts = per_rank[worst]
     total = sum(parts.values())
-    context = 0.0
-    if not plan.hw.is_cpu:
-        context = plan.eff.cuda_context_gib + plan.eff.nccl_communicator_gib * max(
-            0, nccl_communicators(plan) - 1
-        )
-        context *= GIB
-    usable = plan.hw.memory_gib * GIB - context
+    reserve = 0.0 if plan.hw.is_cpu else outside_allocator_gib(plan)
+    usable = (plan.hw.memory_gib - reserve) * GIB
     return {
         "memory_gib": total / GIB,
         "memory_breakdown_gib": {k: parts[k] / GIB for k in KEYS},
