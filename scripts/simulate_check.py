@@ -6,8 +6,9 @@
 
 Each row runs `python train.py ... --comm.mode=fake_backend` in its own process (so its peak resident set is its
 own) and prints one markdown line: this rank's parameter, gradient and optimizer-state bytes counted from its
-tensors against the estimator's (torchtitan.estimate.memory.state_bytes), both peaks, the step time and the
-estimator's compute time. The context-parallel row runs through tests/dist/train_cp_cpu.py, which gives torch's
+tensors against the estimator's (torchtitan.estimate.memory.state_bytes), the estimator's peak, the measured peak of
+the tensors alive at once (the first step, counted by torch's MemTracker; n/a for pipeline ranks) and of the
+process's resident set, the step time and the estimator's compute time. The context-parallel row runs through tests/dist/train_cp_cpu.py, which gives torch's
 ring attention the CPU kernel (context parallel is CUDA-only as shipped).
 """
 
@@ -169,9 +170,11 @@ def markdown(result: dict, n_layers) -> str:
     m, est, e = result["measured_gib"], result["estimated_gib"], result["estimated_states_gib"]
     err = states_error(result)
     states = " / ".join(f"{m[k]:.3f} vs {e[k]:.3f} ({err[k]:+.2%})" for k in err)
+    tensors = m.get("max_allocated")
     return (
         f"| {result['row']} | {result['world_size']} | {result['rank']} | {n_layers or 'all'} | {states} |"
-        f" {est['activations']:.3f} | {est['peak']:.3f} | {m['peak']:.3f} | {result['step_time_s']:.2f} |"
+        f" {est['activations']:.3f} | {est['peak']:.3f} | {'n/a' if tensors is None else f'{tensors:.3f}'} |"
+        f" {m['peak']:.3f} | {result['step_time_s']:.2f} |"
         f" {result['estimated_compute_s']:.2f} | {result['wall_s']:.0f} |"
     )
 
@@ -190,9 +193,10 @@ def main() -> None:
     a = ap.parse_args()
     print(
         "| row | world | rank | layers | params / grads / AdamW GiB: simulated vs estimated |"
-        " est. activations GiB | est. peak GiB | measured peak RSS GiB | step s | est. compute s | wall s |"
+        " est. activations GiB | est. peak GiB | measured tensor peak GiB | measured peak RSS GiB | step s |"
+        " est. compute s | wall s |"
     )
-    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in a.rows:
         n_layers = a.n_layers if a.n_layers is not None else FULL_LAYERS.get(row)
         print(markdown(run_row(row, a.seq, a.steps, n_layers, a.vocab), n_layers), flush=True)

@@ -160,7 +160,20 @@ def check_result(dump, args, world, rank):
     est = estimator_states(args, world, rank)
     for k in STATES:
         assert result["measured_gib"][k] == pytest.approx(est[k], rel=0.02), (k, result["measured_gib"], est)
+    check_tensor_peak(result["measured_gib"])
     return result
+
+
+def check_tensor_peak(measured: dict) -> None:
+    """A CPU rank that counted its first step's tensors (torch's MemTracker: one pass per step, not compiled): their
+    peak holds at least the states counted after the step and fits in the process's resident peak, and the
+    activations are that peak less the states; a rank that did not count them reports no activations."""
+    if "max_allocated" not in measured:
+        assert measured["activations"] is None, measured
+        return
+    states = sum(measured[k] for k in STATES)
+    assert states < measured["max_allocated"] < measured["peak"], measured
+    assert measured["activations"] == pytest.approx(measured["max_allocated"] - states), measured
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +191,14 @@ def layout_runs(tmp_path_factory):
 def test_every_dimension_runs_as_a_simulated_rank(layout_runs, name):
     tmp, runs, results = layout_runs
     assert results[name]["rc"] == 0, results[name]["stderr"]
-    world, rank, _ = LAYOUTS[name]
-    check_result(tmp / name, runs[name], world, rank)
+    world, rank, layout = LAYOUTS[name]
+    result = check_result(tmp / name, runs[name], world, rank)
+    # the tensors are counted in a step of one pass: not under pipeline micro-batches or gradient accumulation
+    several = any(
+        a.startswith(("--parallelism.pipeline_parallel_degree", "--training.global_batch_size"))
+        for a in layout
+    )
+    assert ("max_allocated" in result["measured_gib"]) == (not several), result["measured_gib"]
     log = (tmp / name / "logs" / f"rank{rank}.log").read_text()
     assert (
         f"simulated rank {rank} of {world} (fake process groups: no communication, loss values meaningless)"
@@ -236,6 +255,7 @@ def test_estimator_and_simulated_rank_agree_on_states(row):
     assert CATEGORIES <= set(result["measured_gib"]) and CATEGORIES <= set(result["estimated_gib"])
     for k, err in check.states_error(result).items():
         assert abs(err) <= 0.02, (row, k, result["measured_gib"], result["estimated_states_gib"])
+    check_tensor_peak(result["measured_gib"])
 
 
 # ---- the shipped configs at the world size each was written for (header comment "Written for N GPUs") ------

@@ -14,8 +14,10 @@ and dataset are the preflight's concern, not the layout's).
 
 What it reports: the header line, the time of each step (compute only: nothing waits for a peer), this rank's
 parameter / gradient / optimizer-state bytes counted from its tensors after the last optimizer step, the peak
-(CPU: the process's peak resident set; CUDA: max allocated and reserved), and `<dump_folder>/simulation.json`
-beside the estimator's answer for the same config and rank (torchtitan/estimate).
+(CPU: the process's peak resident set; CUDA: max allocated and reserved), the peak of the tensors alive at once
+(CUDA: max allocated; CPU, which keeps no allocator counters: the first step counted by torch's MemTracker, where it
+can), and `<dump_folder>/simulation.json` beside the estimator's answer for the same config and rank
+(torchtitan/estimate).
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class Simulation:
         self.step_times: list[float] = []
         self.peaks = (0, 0)  # over the steps: CUDA max allocated and reserved; CPU peak resident set (twice)
         self._mark = 0.0
+        self._tracked = None  # (model parts, optimizer) whose first step MemTracker counts on CPU
+        self._tracker = None
+        self.tensor_peak: int | None = None  # CPU: bytes of the tensors alive at once in the first step
 
     # ---- build ---------------------------------------------------------------------------------------------
 
@@ -166,11 +171,28 @@ class Simulation:
 
     # ---- steps ---------------------------------------------------------------------------------------------
 
+    def track_tensors(self, model_parts, optimizer, one_pass: bool, device: torch.device) -> None:
+        """On CPU, count the first step's tensors with torch's MemTracker (torch.distributed._tools.mem_tracker:
+        every storage an op creates, plus the modules' parameters, gradients and the optimizer's states): the peak
+        CUDA's allocator counters give. The first step, which step_time_s leaves out when there are more, since the
+        tracker's per-op work slows the step it counts. MemTracker follows each module through one forward and
+        backward per step, so a step of several passes (`one_pass` false: micro-steps, pipeline micro-batches) or of
+        compiled modules is not counted: its activations stay unmeasured."""
+        if device.type == "cpu" and one_pass and not self.cfg.compile.enable:
+            self._tracked = (model_parts, optimizer)
+
     def step_start(self, device: torch.device) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if not self.step_times:  # the peaks cover the steps (init's transient buffers are not the step's)
             MemoryMonitor(device).reset_peak()
+            if self._tracked is not None:
+                from torch.distributed._tools.mem_tracker import MemTracker
+
+                model_parts, optimizer = self._tracked
+                self._tracker = MemTracker()
+                self._tracker.track_external(*model_parts, optimizer)
+                self._tracker.__enter__()
         self._mark = time.perf_counter()
 
     def step_done(self, device: torch.device) -> None:
@@ -183,6 +205,11 @@ class Simulation:
             now = (rss, rss)
         self.peaks = (max(self.peaks[0], now[0]), max(self.peaks[1], now[1]))
         self.step_times.append(time.perf_counter() - self._mark)
+        if self._tracker is not None:
+            self._tracker.__exit__(None, None, None)
+            peak = self._tracker.get_tracker_snapshot("peak")
+            self.tensor_peak = sum(d["Total"] for d in peak.values())
+            self._tracker = None
         logger.info(f"simulated step {len(self.step_times)}: {self.step_times[-1]:.3f} s (compute only)")
 
     # ---- report --------------------------------------------------------------------------------------------
@@ -198,11 +225,13 @@ class Simulation:
                 [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
             )
             / GIB,
-            # no per-tensor accounting of activations on CPU; on CUDA: the peak minus the states above
+            # the tensor peak minus the states above; None where no tensor peak was counted
             "activations": None,
         }
         allocated, reserved = self.peaks
-        if device.type == "cuda":
+        if device.type != "cuda":
+            allocated = self.tensor_peak
+        if allocated is not None:
             out["activations"] = (
                 allocated / GIB - out["parameters"] - out["gradients"] - out["optimizer_states"]
             )
