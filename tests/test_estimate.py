@@ -941,6 +941,44 @@ def test_sequence_parallel_layout_copies():
     assert sp_layout_copy_bytes(no_tp, "op") == (0, 0, 0)
 
 
+def test_a_tp_sharded_embedding_makes_its_gradient_at_the_whole_tables_size():
+    """DTensor computes a rowwise (vocabulary-sharded) embedding's weight gradient as Partial, the whole table on
+    every TP rank, and reduce-scatters it to the rank's rows (measured on a simulated 70B rank: a bf16 (128256, 8192)
+    gradient). That is a third moment of the peak, at the end of backward: at 64 tokens a sequence it is the 70B TP 8
+    rank's peak, reported under gradients; at 8192 tokens the start of backward stays the peak. None without TP or
+    with the table replicated on every TP rank."""
+    from torchtitan.estimate.memory import (
+        embedding_backward_bytes,
+        rank_memory,
+        rank_params,
+        reduce_scatter_pool_bytes,
+    )
+    from torchtitan.estimate.plan import build_plan
+
+    def plan(*argv: str):
+        return build_plan(parse_args([*H100, "--model.flavor=70B", "--training.local_batch_size=1",
+                                      "--activation_checkpoint.mode=full", "--estimate.num_devices=256", *argv]))  # fmt: skip
+
+    table = 128256 * 8192 * 2  # bf16
+    short = plan("--training.seq_len=64", "--parallelism.tensor_parallel_degree=8")
+    assert embedding_backward_bytes(short) == table + table / 8
+    parts = rank_memory(short, 0)
+    sharded_grads = reduce_scatter_pool_bytes(short, rank_params(short, 0)[1])
+    assert parts["gradients"] == pytest.approx(sharded_grads + table + table / 8)
+    assert parts["activations"] == parts["logits_loss"] == 0.0
+    long = plan("--training.seq_len=8192", "--parallelism.tensor_parallel_degree=8")
+    assert rank_memory(long, 0)["gradients"] == pytest.approx(
+        reduce_scatter_pool_bytes(long, rank_params(long, 0)[1])
+    )
+    assert embedding_backward_bytes(plan("--training.seq_len=64")) == 0.0
+    replicated = plan(
+        "--training.seq_len=64",
+        "--parallelism.tensor_parallel_degree=8",
+        "--estimate.tp_embedding=replicated",
+    )
+    assert embedding_backward_bytes(replicated) == 0.0
+
+
 def test_float8_tp_casts_once_before_the_collective():
     """Under torchao's float8 TP styles (tensorwise, TP on a GPU) the attention / feed-forward inputs and wo / w2's
     output gradients are cast once, on the sequence-sharded tensor; the Float8Linears that receive float8 skip

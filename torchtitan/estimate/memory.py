@@ -1,15 +1,17 @@
 """Peak device memory of a training step, per rank, by component (docs/estimate.md, "Memory model").
 
-The peak is the larger of two moments:
+The peak is the largest of three moments:
   backward start  all saved activations of the micro-batches in flight, the loss buffers, FSDP's gathered and
                   gradient buffers, the sharded states (and the sharded gradients when several micro-steps
                   accumulate into them);
   optimizer step  parameters, gradients, both AdamW moments and the optimizer's temporaries (foreach: one fp32
-                  copy of the parameters; fused: none).
+                  copy of the parameters; fused: none);
+  embedding backward  on a rank whose token embedding is split over TP: its gradient at the whole table's size
+                  (embedding_backward_bytes) beside the states and the other passes in flight.
 Figures are what CUDA's caching allocator reserves (torch.cuda.max_memory_reserved, what the trainer logs as
 memory/max_reserved_gib): allocated bytes x (1 + fragmentation) + fixed pools. The allocator caches freed blocks
 per stream, and FSDP2 allocates the sharded gradients in its reduce-scatter stream (`reduce_scatter_pool_bytes`),
-so on a GPU they add to both moments rather than reuse what the compute stream freed. On CPU the figure is the
+so on a GPU they add to every moment rather than reuse what the compute stream freed. On CPU the figure is the
 process's resident set: the measured runtime baseline (Python, torch, data libraries) plus the allocated bytes
 and what glibc's heap keeps of them; where a calibration's probe ran the plan itself at two depths, the peak it
 measured there, carried to the plan's depth (measured_rss).
@@ -263,6 +265,21 @@ def saved_float8_weight_bytes(plan: Plan, modes: list[str]) -> float:
     return per_block * sum(1 for m in modes if m == "none")
 
 
+def embedding_backward_bytes(plan: Plan) -> float:
+    """Bytes the token embedding's weight gradient holds while it is made, on a rank whose embedding rows are split
+    over tensor parallelism. DTensor computes aten.embedding_dense_backward with one of the strategies of torch
+    2.13's torch/distributed/tensor/_ops/_embedding_ops.py (`embedding_dense_backward_strategy`): a gradient
+    sharded on the embedding dimension, or Partial (every rank a whole-table sum of its own tokens); none is
+    sharded on the rows (the vocabulary). For the rowwise embedding it picks Partial, with or without sequence
+    parallel (measured on a simulated rank of FSDP 32 x TP 8, 70B: a bf16 (128256, 8192) gradient, 1.96 GiB),
+    and redistributes it to this rank's rows (a reduce-scatter): the whole table and this rank's rows, in the
+    gradients' dtype, alive together once per pass."""
+    if plan.tp == 1 or plan.embedding_tp_shards == 1:
+        return 0.0
+    full = plan.args.vocab_size * plan.args.dim * plan.act_bytes
+    return full + full / plan.tp
+
+
 def reduce_scatter_pool_bytes(plan: Plan, p_local: float) -> float:
     """Bytes the caching allocator holds for FSDP2's reduce-scatter stream: the sharded gradients.
 
@@ -363,7 +380,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         f8 = 2 * tokens * widest  # 1 byte each, plus the transposed copy for the weight gradient
     f8 += passes * saved_float8_weight_bytes(plan, modes) / v  # older software: forward's float8 weights kept
 
-    # the sharded gradients, in the reduce-scatter stream's own pool on a GPU (at both moments), else on the
+    # the sharded gradients, in the reduce-scatter stream's own pool on a GPU (at every moment), else on the
     # compute stream (at the start of backward only when micro-steps accumulate into them)
     rs_pool = reduce_scatter_pool_bytes(plan, p_local)
     if rs_pool:
@@ -372,7 +389,16 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     # gradients + the optimizer's temporaries (reported under "gradients")
     step_grads = (plan.param_bytes + step_temp_bytes(plan)) * p_local
     optimizer_phase = params + states + step_grads
-    if optimizer_phase > backward_start:
+    # the token embedding's backward under TP (the last op of a first stage's backward): its weight gradient at the
+    # whole table's size, reduce-scattered to this rank's rows, while the other passes in flight keep theirs
+    emb_grad = embedding_backward_bytes(plan) if has_emb else 0.0
+    emb_acts = (passes - 1) * per_pass_blocks * tokens + pipeline_buffer_bytes(plan, rank)
+    emb_fsdp = fsdp if plan.pp_plan is not None else fsdp - (grad_buffers if sharded else 0.0)
+    embedding_backward = params + states + grads + emb_grad + emb_acts + emb_fsdp
+    if emb_grad and embedding_backward > max(backward_start, optimizer_phase):
+        parts = {"parameters": params, "gradients": grads + emb_grad, "optimizer_states": states,
+                 "activations": emb_acts, "logits_loss": 0.0, "fsdp_buffers": emb_fsdp, "float8_extras": 0.0}  # fmt: skip
+    elif optimizer_phase > backward_start:
         parts = {"parameters": params, "gradients": step_grads, "optimizer_states": states}
         parts.update({k: 0.0 for k in ("activations", "logits_loss", "fsdp_buffers", "float8_extras")})
     else:
