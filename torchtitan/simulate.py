@@ -86,8 +86,7 @@ class Simulation:
         self.step_times: list[float] = []
         self.peaks = (0, 0)  # over the steps: CUDA max allocated and reserved; CPU peak resident set (twice)
         self._mark = 0.0
-        self._tracked = None  # (model parts, optimizer) whose first step MemTracker counts on CPU
-        self._tracker = None
+        self._tracker = None  # CPU: the MemTracker counting the first step
         self.tensor_peak: int | None = None  # CPU: bytes of the tensors alive at once in the first step
 
     # ---- build ---------------------------------------------------------------------------------------------
@@ -179,19 +178,17 @@ class Simulation:
         backward per step, so a step of several passes (`one_pass` false: micro-steps, pipeline micro-batches) or of
         compiled modules is not counted: its activations stay unmeasured."""
         if device.type == "cpu" and one_pass and not self.cfg.compile.enable:
-            self._tracked = (model_parts, optimizer)
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            self._tracker = MemTracker()
+            self._tracker.track_external(*model_parts, optimizer)
 
     def step_start(self, device: torch.device) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if not self.step_times:  # the peaks cover the steps (init's transient buffers are not the step's)
             MemoryMonitor(device).reset_peak()
-            if self._tracked is not None:
-                from torch.distributed._tools.mem_tracker import MemTracker
-
-                model_parts, optimizer = self._tracked
-                self._tracker = MemTracker()
-                self._tracker.track_external(*model_parts, optimizer)
+            if self._tracker is not None:
                 self._tracker.__enter__()
         self._mark = time.perf_counter()
 

@@ -312,6 +312,9 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     sharded = n > 1
     # sharded gradients persist from one micro-step to the next (FSDP without no_sync; DDP's unsharded ones either way)
     accumulating = plan.accum > 1 and plan.pp_plan is None and plan.unsharded_grad_passes == 1
+    # PP, or no_sync over micro-steps (estimate.dp_grad_sync=step): gradients are reduce-scattered only after the
+    # last pass; until then FSDP accumulates them unsharded, in the reduce dtype, for the whole stage
+    unsharded_grads_held = plan.pp_plan is not None or plan.unsharded_grad_passes > 1
     tokens = plan.tokens_per_pass
 
     params = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else plan.param_bytes * p_local
@@ -327,7 +330,8 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     if has_head:
         acts += tokens * plan.args.dim * plan.act_bytes
     acts += max(backward_working_set_per_token(m, s, plan.compile_model) for m in set(modes)) * tokens
-    acts += pipeline_buffer_bytes(plan, rank)
+    pipeline_buffers = pipeline_buffer_bytes(plan, rank)
+    acts += pipeline_buffers
 
     # ---- logits and loss: fp32 upcast of [tokens, vocab] and its gradient (eager), or bf16 in and out (compiled)
     logits = 0.0
@@ -366,10 +370,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
             gathered += plan.embedding_params() * plan.act_bytes
         # backward: the running block's low-precision gradients and the reduce-dtype copies of two blocks in flight
         grad_buffers = p_blk * (plan.act_bytes + 2 * plan.reduce_bytes)
-        if plan.pp_plan is not None or plan.unsharded_grad_passes > 1:
-            # PP, or no_sync over micro-steps (estimate.dp_grad_sync=step): gradients are reduce-scattered only
-            # after the last pass; until then FSDP accumulates them unsharded, in the reduce dtype, for the whole
-            # stage.
+        if unsharded_grads_held:
             grad_buffers = p_rank * plan.reduce_bytes
     fsdp = gathered + grad_buffers
 
@@ -392,8 +393,9 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     # the token embedding's backward under TP (the last op of a first stage's backward): its weight gradient at the
     # whole table's size, reduce-scattered to this rank's rows, while the other passes in flight keep theirs
     emb_grad = embedding_backward_bytes(plan) if has_emb else 0.0
-    emb_acts = (passes - 1) * per_pass_blocks * tokens + pipeline_buffer_bytes(plan, rank)
-    emb_fsdp = fsdp if plan.pp_plan is not None else fsdp - (grad_buffers if sharded else 0.0)
+    # (the running block's gradient buffers are gone by then, unless they are the stage's unsharded accumulation)
+    emb_acts = (passes - 1) * per_pass_blocks * tokens + pipeline_buffers
+    emb_fsdp = fsdp if unsharded_grads_held else fsdp - grad_buffers
     embedding_backward = params + states + grads + emb_grad + emb_acts + emb_fsdp
     if emb_grad and embedding_backward > max(backward_start, optimizer_phase):
         parts = {"parameters": params, "gradients": grads + emb_grad, "optimizer_states": states,
