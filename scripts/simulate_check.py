@@ -7,10 +7,9 @@
 Each row runs `python train.py ... --comm.mode=fake_backend` in its own process (so its peak resident set is its
 own) and prints one markdown line: this rank's parameter, gradient and optimizer-state bytes counted from its
 tensors against the estimator's (torchtitan.estimate.memory.state_bytes), the estimator's peak, the measured peak of
-the tensors alive at once (the first step, counted by torch's MemTracker; n/a for pipeline ranks) and of the
-process's resident set, the step time and the estimator's compute time. The context-parallel row runs through
-tests/dist/train_cp_cpu.py, which gives torch's ring attention the CPU kernel (context parallel is CUDA-only as
-shipped).
+the tensors alive at once (the first step, counted by torch's MemTracker) and of the process's resident set, the
+step time and the estimator's compute time. The context-parallel row runs through tests/dist/train_cp_cpu.py, which
+gives torch's ring attention the CPU kernel (context parallel is CUDA-only as shipped).
 """
 
 from __future__ import annotations

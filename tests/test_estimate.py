@@ -977,16 +977,20 @@ def test_a_tp_sharded_embedding_makes_its_gradient_at_the_whole_tables_size():
         "--estimate.tp_embedding=replicated",
     )
     assert embedding_backward_bytes(replicated) == 0.0
-    # no_sync over micro-steps: the stage's unsharded gradients, accumulated across the passes, are still alive at
-    # the embedding's backward, on top of what the synced step holds there
+    # no_sync over micro-steps: the stage's unsharded gradients, accumulated across the passes in the reduce dtype,
+    # are alive at the embedding's backward, the embedding's as its whole Partial table (measured on a simulated
+    # PP first stage: an fp32 (65536, 16384) accumulator); each pass's table is no longer reduce-scattered to the
+    # rank's rows
     accum = ("--training.seq_len=64", "--parallelism.tensor_parallel_degree=8", "--training.global_batch_size=128")  # fmt: skip
     synced, held = plan(*accum), plan(*accum, "--estimate.dp_grad_sync=step")
     assert held.unsharded_grad_passes == 4 and synced.unsharded_grad_passes == 1
+    assert held.embedding_grad_params() == 128256 * 8192 == 8 * held.embedding_params()
+    assert embedding_backward_bytes(held) == table
     held_parts, synced_parts = rank_memory(held, 0), rank_memory(synced, 0)
     # both at the embedding's backward
-    assert held_parts["gradients"] == pytest.approx(synced_parts["gradients"])
-    unsharded = rank_params(held, 0)[0] * held.reduce_bytes
-    assert held_parts["fsdp_buffers"] == pytest.approx(synced_parts["fsdp_buffers"] + unsharded)
+    assert held_parts["gradients"] == pytest.approx(synced_parts["gradients"] - table / 8)
+    whole_table = rank_params(held, 0)[0] - held.embedding_params() + held.embedding_grad_params()
+    assert held_parts["fsdp_buffers"] == pytest.approx(synced_parts["fsdp_buffers"] + whole_table * 4)
 
 
 def test_float8_tp_casts_once_before_the_collective():

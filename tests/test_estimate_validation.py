@@ -26,16 +26,6 @@ from torchtitan.estimate.validation import (
 REF = load_reference()
 CV = cross_validated(REF)
 
-_PP_MEM = (
-    "405B 1F1B on PP 8 with float8 all-gather (-17.4 %; -16.6 % with 0.5 GiB of allocator pools until session 50,"
-    " -19.2 % before the reduce-scatter stream's pool of sharded"
-    " gradients was counted): the published peak (the maximum over all GPUs) is 82.5 GiB,"
-    " 10 GiB above its interleaved twin's (estimated within 5 % once the last stage keeps every micro-batch's"
-    " output, as torch's pipelining of the table did, and the stages' receive buffers are counted); the model's"
-    " states, the stage's unsharded float8 weights and fp32 gradient accumulation, 8 in-flight micro-batches of"
-    " 15-16 fully checkpointed blocks (first rank) or 8 kept outputs (last rank), the boundary buffers and the"
-    " sharded gradients' pool leave 14 GiB of the 1F1B rank unexplained"
-)
 _MI300X = (
     "MI300X (+40..+44 %, the same for bf16, tensorwise and rowwise: float8's extra work is priced right, the"
     " gap is common to all three): flash attention at CK FA2's published MI300X plateaus (an upper bound for"
@@ -514,7 +504,6 @@ _BAISYA_PP_EAGER_MEM = (
 )
 
 OUTSIDE: dict[tuple[str, str], str] = {
-    ("h100_405b_fsdp8_tp8_pp8_1f1b", "memory GiB"): _PP_MEM,
     (
         "h100_8b_cp4_128k",
         "tokens/s/device",

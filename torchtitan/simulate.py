@@ -15,9 +15,9 @@ and dataset are the preflight's concern, not the layout's).
 What it reports: the header line, the time of each step (compute only: nothing waits for a peer), this rank's
 parameter / gradient / optimizer-state bytes counted from its tensors after the last optimizer step, the peak
 (CPU: the process's peak resident set; CUDA: max allocated and reserved), the peak of the tensors alive at once
-(CUDA: max allocated; CPU, which keeps no allocator counters: the first step counted by torch's MemTracker, where it
-can), and `<dump_folder>/simulation.json` beside the estimator's answer for the same config and rank
-(torchtitan/estimate).
+(CUDA: max allocated; CPU, which keeps no allocator counters: the first step counted by torch's MemTracker, unless
+the modules are compiled or a zero-bubble schedule splits the backward), and `<dump_folder>/simulation.json` beside the estimator's answer for the same config
+and rank (torchtitan/estimate).
 """
 
 from __future__ import annotations
@@ -170,17 +170,18 @@ class Simulation:
 
     # ---- steps ---------------------------------------------------------------------------------------------
 
-    def track_tensors(self, model_parts, optimizer, one_pass: bool, device: torch.device) -> None:
+    def track_tensors(self, model_parts, optimizer, device: torch.device) -> None:
         """On CPU, count the first step's tensors with torch's MemTracker (torch.distributed._tools.mem_tracker:
         every storage an op creates, plus the modules' parameters, gradients and the optimizer's states): the peak
         CUDA's allocator counters give. The first step, which step_time_s leaves out when there are more, since the
-        tracker's per-op work slows the step it counts. MemTracker follows each module through one forward and
-        backward per step, so a step of several passes (`one_pass` false: micro-steps, pipeline micro-batches) or of
-        compiled modules is not counted: its activations stay unmeasured."""
-        if device.type == "cpu" and one_pass and not self.cfg.compile.enable:
-            from torch.distributed._tools.mem_tracker import MemTracker
-
-            self._tracker = MemTracker()
+        tracker's per-op work slows the step it counts. Steps of several passes (micro-steps, pipeline
+        micro-batches) are counted too (_step_tracker); compiled modules and torch's zero-bubble schedules are not
+        (their split backward calls autograd.grad on the stage's inputs, which MemTracker's module hooks make fail:
+        "A leaf node was passed to _will_engine_execute_node"): their activations stay unmeasured."""
+        p = self.cfg.parallelism
+        split_backward = p.pipeline_parallel_degree > 1 and "ZeroBubble" in p.pipeline_parallel_schedule
+        if device.type == "cpu" and not self.cfg.compile.enable and not split_backward:
+            self._tracker = _step_tracker()
             self._tracker.track_external(*model_parts, optimizer)
 
     def step_start(self, device: torch.device) -> None:
@@ -312,3 +313,22 @@ def estimate_rank(cfg, world_size: int, pp_rank: int, device: torch.device, peak
     estimated = {k: parts[k] / GIB for k in KEYS}
     estimated["peak"] = sum(parts.values()) / GIB
     return estimated, rank_step_parts(training_step_time(plan))
+
+
+def _step_tracker():
+    """torch's MemTracker for a step of any number of passes. MemTracker refuses a root module's second forward
+    in one tracked region ("multiple iterative calls"), since its per-module statistics follow one pass; the peak
+    read here is its global one, which every allocation, resize and free updates whatever the module state. So a
+    root's later passes (micro-steps, pipeline micro-batches) skip the per-module bookkeeping and are counted like
+    the first (checked on a simulated 405B first stage under PP: its peak's parts add up to the tables and
+    gradient buffers a dispatch-mode log shows alive)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs) -> None:
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:  # a root module's next pass
+                pass
+
+    return StepTracker()

@@ -86,7 +86,7 @@ def train(cfg: JobConfig) -> int:
     # ---- train -------------------------------------------------------------------------------------------------
     profiler = Profiler(cfg, rank, cfg.job.dump_folder, start_step)
     if sim:  # on CPU the simulated rank counts its first step's tensors (no allocator counters there)
-        sim.track_tensors(model_parts, optimizer, run.accum_steps == 1 and run.pp is None, device)
+        sim.track_tensors(model_parts, optimizer, device)
     data_iter = faults.slow_data(iter(dataloader), rank)
     signum = 0  # a preemption signal all ranks agreed on: save (if checkpoints are on) and leave
     for step in range(start_step + 1, t.steps + 1):

@@ -273,11 +273,21 @@ def embedding_backward_bytes(plan: Plan) -> float:
     sharded on the rows (the vocabulary). For the rowwise embedding it picks Partial, with or without sequence
     parallel (measured on a simulated rank of FSDP 32 x TP 8, 70B: a bf16 (128256, 8192) gradient, 1.96 GiB),
     and redistributes it to this rank's rows (a reduce-scatter): the whole table and this rank's rows, in the
-    gradients' dtype, alive together once per pass."""
+    gradients' dtype, alive together once per pass. Where FSDP accumulates the passes' gradients unsharded before
+    one reduce-scatter (PP, no_sync), it adds each pass's Partial table into a Partial accumulator of the whole
+    table in the reduce dtype (counted with the unsharded gradients, rank_memory) and redistributes only that,
+    after the last pass: each pass then holds its whole bf16 table alone (measured on a simulated first stage of
+    405B under FSDP 8 x TP 8 x PP 8, 1F1B: a bf16 and an fp32 (65536, 16384) table at its peak)."""
     if plan.tp == 1 or plan.embedding_tp_shards == 1:
         return 0.0
-    full = plan.args.vocab_size * plan.args.dim * plan.act_bytes
-    return full + full / plan.tp
+    full = plan.embedding_grad_params() * plan.act_bytes
+    return full if holds_unsharded_grads(plan) else full + full / plan.tp
+
+
+def holds_unsharded_grads(plan: Plan) -> bool:
+    """Whether FSDP keeps the stage's gradients unsharded, in the reduce dtype, across the passes of a step and
+    reduce-scatters them after the last (PP, or no_sync over micro-steps: estimate.dp_grad_sync=step)."""
+    return plan.pp_plan is not None or plan.unsharded_grad_passes > 1
 
 
 def reduce_scatter_pool_bytes(plan: Plan, p_local: float) -> float:
@@ -312,9 +322,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     sharded = n > 1
     # sharded gradients persist from one micro-step to the next (FSDP without no_sync; DDP's unsharded ones either way)
     accumulating = plan.accum > 1 and plan.pp_plan is None and plan.unsharded_grad_passes == 1
-    # PP, or no_sync over micro-steps (estimate.dp_grad_sync=step): gradients are reduce-scattered only after the
-    # last pass; until then FSDP accumulates them unsharded, in the reduce dtype, for the whole stage
-    unsharded_grads_held = plan.pp_plan is not None or plan.unsharded_grad_passes > 1
+    unsharded_grads_held = holds_unsharded_grads(plan)
     tokens = plan.tokens_per_pass
 
     params = 0.0 if plan.cfg.parallelism.fsdp_cpu_offload else plan.param_bytes * p_local
@@ -371,7 +379,9 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         # backward: the running block's low-precision gradients and the reduce-dtype copies of two blocks in flight
         grad_buffers = p_blk * (plan.act_bytes + 2 * plan.reduce_bytes)
         if unsharded_grads_held:
-            grad_buffers = p_rank * plan.reduce_bytes
+            # the whole stage's gradients, the TP-split embedding's as its whole Partial table
+            emb_extra = plan.embedding_grad_params() - plan.embedding_params() if has_emb else 0.0
+            grad_buffers = (p_rank + emb_extra) * plan.reduce_bytes
     fsdp = gathered + grad_buffers
 
     # ---- float8: the casted (and transposed) operands of the largest converted matmul ----

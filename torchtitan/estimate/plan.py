@@ -526,6 +526,14 @@ class Plan:
         """The token embedding's parameters on this rank."""
         return self.args.vocab_size * self.args.dim / self.embedding_tp_shards
 
+    def embedding_grad_params(self) -> float:
+        """Elements of the token embedding's weight gradient on this rank: the whole table where TP splits its rows,
+        since DTensor makes that gradient Partial (a whole-table sum of the rank's own tokens; see
+        memory.embedding_backward_bytes) until it is reduce-scattered to the rank's rows, else its parameters."""
+        if self.embedding_tp_shards == 1:
+            return self.embedding_params()
+        return self.args.vocab_size * self.args.dim
+
     def head_params(self) -> float:
         """norm + output (0 for the output when tied: it is the embedding's table)."""
         out = 0 if self.args.tie_embeddings else self.args.vocab_size * self.args.dim / self.tp

@@ -931,7 +931,10 @@ def training_step_time(plan: Plan) -> dict:
                 fsdp=fsdp_exposed,
                 fsdp_gather_only=fsdp_gather_only,
                 grad_accumulation=unsharded_grad_accumulation(
-                    plan, r, rank_params(plan, n_blocks, has_emb, has_head) * plan.fsdp_degree
+                    plan,
+                    r,
+                    rank_params(plan, n_blocks, has_emb, has_head) * plan.fsdp_degree
+                    + (plan.embedding_grad_params() - plan.embedding_params() if has_emb else 0.0),
                 ),
                 tp=tp,
                 cp=cp,
