@@ -993,6 +993,34 @@ def test_a_tp_sharded_embedding_makes_its_gradient_at_the_whole_tables_size():
     assert held_parts["fsdp_buffers"] == pytest.approx(synced_parts["fsdp_buffers"] + whole_table * 4)
 
 
+def test_a_tp_sharded_embeddings_gradient_is_reduce_scattered_over_tp_at_the_end_of_each_backward():
+    """The Partial whole-table gradient DTensor makes for a rowwise embedding (measured on simulated ranks) is
+    redistributed to the rank's rows: a reduce-scatter of the whole table over the TP group after the pass's last
+    op, exposed whole. Once per pass in bf16; under PP (and no_sync) once per reduction, on the fp32 accumulator,
+    spread over the micro-batches. On the first stage only, and not with a replicated table or without TP."""
+    from torchtitan.estimate import steptime
+    from torchtitan.estimate.plan import build_plan
+
+    def plan(*argv: str):
+        return build_plan(parse_args([*H100, "--model.flavor=70B", "--training.local_batch_size=8",
+                                      "--estimate.num_devices=256", "--parallelism.tensor_parallel_degree=8", *argv]))  # fmt: skip
+
+    table = 128256 * 8192
+    every_pass = plan()
+    r = steptime.Rates(every_pass)
+    assert steptime.tp_embedding_grad_reduce(every_pass, r, True) == steptime._ring(
+        every_pass, r, table * 2, 8, 1, "reduce_scatter"
+    )
+    assert steptime.tp_embedding_grad_reduce(every_pass, r, False) == 0.0
+    assert steptime.tp_embedding_grad_reduce(plan("--estimate.tp_embedding=replicated"), r, True) == 0.0
+    pp = plan("--parallelism.pipeline_parallel_degree=4", "--parallelism.pipeline_parallel_microbatch_size=1")
+    assert pp.n_microbatches == 8 and pp.accum == 1
+    once = steptime._ring(pp, steptime.Rates(pp), table * 4, 8, 1, "reduce_scatter")
+    assert steptime.tp_embedding_grad_reduce(pp, steptime.Rates(pp), True) == pytest.approx(once / 8)
+    no_tp = build_plan(parse_args([*H100, "--model.flavor=8B", "--estimate.num_devices=8"]))
+    assert steptime.tp_embedding_grad_reduce(no_tp, steptime.Rates(no_tp), True) == 0.0
+
+
 def test_float8_tp_casts_once_before_the_collective():
     """Under torchao's float8 TP styles (tensorwise, TP on a GPU) the attention / feed-forward inputs and wo / w2's
     output gradients are cast once, on the sequence-sharded tensor; the Float8Linears that receive float8 skip

@@ -37,7 +37,7 @@ from .activations import (
     recomputes_elementwise,
     tp_collectives_recomputed,
 )
-from .memory import MASTER_BYTES, fp8_param_share, gather_bytes
+from .memory import MASTER_BYTES, fp8_param_share, gather_bytes, holds_unsharded_grads
 from .plan import Linear, Plan
 
 ADAMW_BYTES_PER_PARAM = {"foreach": 84, "for-loop": 84, "fused": 28}  # passes over param, grad, 2 moments
@@ -794,6 +794,21 @@ def _logits_gather(plan: Plan, r: Rates, tokens: float, has_head: bool) -> float
     return _ring(plan, r, tokens * plan.args.vocab_size * plan.act_bytes, plan.tp, 1, "all_gather")
 
 
+def tp_embedding_grad_reduce(plan: Plan, r: Rates, has_emb: bool) -> float:
+    """Seconds per pass of redistributing a TP-split embedding's weight gradient to the rank's rows: DTensor makes
+    it Partial, the whole table on every TP rank (memory.embedding_backward_bytes), and reduce-scatters it over the
+    TP group; once per pass in the gradients' dtype, or, where FSDP accumulates the passes unsharded (PP, no_sync),
+    once per reduction on the reduce-dtype accumulator, spread over the passes. It follows the pass's last op, the
+    embedding's backward, with nothing left to overlap it: exposed whole."""
+    if not has_emb or plan.tp == 1 or plan.embedding_tp_shards == 1:
+        return 0.0
+    table = plan.embedding_grad_params()
+    if not holds_unsharded_grads(plan):
+        return _ring(plan, r, table * plan.act_bytes, plan.tp, 1, "reduce_scatter")
+    per_reduction = _ring(plan, r, table * plan.reduce_bytes, plan.tp, 1, "reduce_scatter")
+    return plan.reduce_rounds * per_reduction / (plan.n_microbatches * plan.accum)
+
+
 def tp_comm(plan: Plan, r: Rates, tokens: float, modes: list[str], has_emb: bool, has_head: bool) -> float:
     """Seconds of tensor-parallel collectives in one pass over the rank's blocks (before exposure)."""
     if plan.tp == 1:
@@ -916,6 +931,7 @@ def training_step_time(plan: Plan) -> dict:
             tp = async_tp_exposed_time(plan, r, tokens, modes, has_emb, has_head)
         else:
             tp = plan.eff.tp_exposed * tp_comm(plan, r, tokens, modes, has_emb, has_head)
+        tp += tp_embedding_grad_reduce(plan, r, has_emb)
         cp = cp_comm(plan, r, tokens, modes, attention)
         detail = {
             "matmul": sum(u.matmul for u in units),
