@@ -16,8 +16,8 @@ What it reports: the header line, the time of each step (compute only: nothing w
 parameter / gradient / optimizer-state bytes counted from its tensors after the last optimizer step, the peak
 (CPU: the process's peak resident set; CUDA: max allocated and reserved), the peak of the tensors alive at once
 (CUDA: max allocated; CPU, which keeps no allocator counters: the first step counted by torch's MemTracker, unless
-the modules are compiled or a zero-bubble schedule splits the backward), and `<dump_folder>/simulation.json` beside the estimator's answer for the same config
-and rank (torchtitan/estimate).
+the modules are compiled or a zero-bubble schedule splits the backward), and `<dump_folder>/simulation.json`
+beside the estimator's answer for the same config and rank (torchtitan/estimate).
 """
 
 from __future__ import annotations
@@ -321,7 +321,9 @@ def _step_tracker():
     read here is its global one, which every allocation, resize and free updates whatever the module state. So a
     root's later passes (micro-steps, pipeline micro-batches) skip the per-module bookkeeping and are counted like
     the first (checked on a simulated 405B first stage under PP: its peak's parts add up to the tables and
-    gradient buffers a dispatch-mode log shows alive)."""
+    gradient buffers a dispatch-mode log shows alive). It overrides torch 2.13's private hook
+    (`MemTracker._pre_fw_hook`); tests/test_simulate.py's pipeline and accumulation layouts fail if a release
+    renames it."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class StepTracker(MemTracker):
