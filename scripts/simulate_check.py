@@ -81,7 +81,10 @@ ROWS = {
 # Full-depth 405B ranks do not fit this 24 GB machine (pipeline rank 0 holds 16 blocks: ~13.5 GB of fp32
 # weights + AdamW, 12.8 GB of gathered bf16 blocks and 25.6 GB of unsharded fp32 gradients under PP): their
 # "full" runs keep the full width and vocabulary with one block per stage (8 layers for 1F1B, 16 interleaved),
-# which keeps every per-block ratio (a 1-block stage measured 11.9 GB resident; 4 blocks would not fit).
+# which keeps every per-block ratio (a 1-block stage measured 11.9 GB resident at vocabulary 32,768; 4 blocks would
+# not fit). At the full vocabulary the first stage (rank 5) also holds the TP-split embedding's whole-table
+# gradients, an fp32 accumulator and a bf16 table (11.7 GiB), and does not fit 24 GB either: there, pass
+# --vocab 65536 (docs/estimate.md, "Pipeline ranks' tensors").
 FULL_LAYERS = {"405b_fsdp8_tp8_pp8_1f1b": 8, "405b_fsdp8_tp8_pp8_interleaved": 16}
 
 
