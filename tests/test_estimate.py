@@ -993,6 +993,40 @@ def test_a_tp_sharded_embedding_makes_its_gradient_at_the_whole_tables_size():
     assert held_parts["fsdp_buffers"] == pytest.approx(synced_parts["fsdp_buffers"] + whole_table * 4)
 
 
+def test_an_interleaved_first_rank_has_finished_its_later_chunks_at_the_embeddings_backward():
+    """torch's Interleaved1F1B runs a rank's backwards in rounds of pp micro-batches per chunk, the last chunk first:
+    with one round (m = pp) the later chunk has reduce-scattered its accumulated gradients and resharded its blocks
+    before the first chunk's embedding backward (counted on a simulated 405B first rank, stages 0 and 8: 9.99 GiB,
+    12.02 estimated before), with two rounds (m = 2 pp) both chunks hold theirs (12.08 counted, 12.03 estimated)."""
+    from torchtitan.estimate.memory import (
+        fp8_param_share,
+        gather_bytes,
+        later_chunks_done_at_embedding,
+        rank_memory,
+    )
+    from torchtitan.estimate.plan import build_plan
+
+    def plan(batch: int, schedule: str = "Interleaved1F1B", per_rank: int = 2):
+        return build_plan(parse_args([*H100, "--model.flavor=405B", "--model.n_layers=16", "--training.seq_len=64",
+                                      f"--training.local_batch_size={batch}", "--activation_checkpoint.mode=full",
+                                      "--estimate.num_devices=512", "--parallelism.tensor_parallel_degree=8",
+                                      "--parallelism.pipeline_parallel_degree=8",
+                                      f"--parallelism.pipeline_parallel_schedule={schedule}",
+                                      f"--parallelism.pipeline_parallel_stages_per_rank={per_rank}",
+                                      "--parallelism.pipeline_parallel_microbatch_size=1"]))  # fmt: skip
+
+    one_round, two_rounds = plan(8), plan(16)
+    assert later_chunks_done_at_embedding(one_round) and not later_chunks_done_at_embedding(two_rounds)
+    assert not later_chunks_done_at_embedding(plan(8, "1F1B", 1))
+    a, b = rank_memory(one_round, 0), rank_memory(two_rounds, 0)
+    table = 128256 * 16384 * 2  # the bf16 Partial table: both peak at the embedding's backward
+    assert a["gradients"] == b["gradients"] >= table
+    n_blocks = one_round.rank_layers()[0][0]
+    later = n_blocks / 2 * one_round.block_params()
+    per_param = gather_bytes(one_round, fp8_param_share(one_round)) + one_round.reduce_bytes
+    assert b["fsdp_buffers"] - a["fsdp_buffers"] == pytest.approx(later * per_param)
+
+
 def test_a_tp_sharded_embeddings_gradient_is_reduce_scattered_over_tp_at_the_end_of_each_backward():
     """The Partial whole-table gradient DTensor makes for a rowwise embedding (measured on simulated ranks) is
     redistributed to the rank's rows: a reduce-scatter of the whole table over the TP group after the pass's last

@@ -284,6 +284,21 @@ def embedding_backward_bytes(plan: Plan) -> float:
     return full if holds_unsharded_grads(plan) else full + full / plan.tp
 
 
+def later_chunks_done_at_embedding(plan: Plan) -> bool:
+    """Whether a rank's later stage chunks have finished the step's backwards before its first chunk's first one:
+    torch's Interleaved1F1B runs backwards in rounds of pp micro-batches per chunk, the last chunk first, so with one
+    round (m <= pp) every later chunk is done, its unsharded gradients reduce-scattered and its blocks resharded,
+    when the first chunk's embedding backward comes (counted on a simulated 405B first rank, stages 0 and 8: one
+    chunk's block gathered and accumulating at m = pp = 8, both at m = 16)."""
+    pp_plan = plan.pp_plan
+    return (
+        pp_plan is not None
+        and pp_plan.schedule == "Interleaved1F1B"
+        and plan.cfg.parallelism.pipeline_parallel_stages_per_rank > 1
+        and plan.n_microbatches <= plan.pp
+    )
+
+
 def holds_unsharded_grads(plan: Plan) -> bool:
     """Whether FSDP keeps the stage's gradients unsharded, in the reduce dtype, across the passes of a step and
     reduce-scatters them after the last (PP, or no_sync over micro-steps: estimate.dp_grad_sync=step)."""
@@ -406,6 +421,10 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     # (the running block's gradient buffers are gone by then, unless they are the stage's unsharded accumulation)
     emb_acts = (passes - 1) * per_pass_blocks * tokens + pipeline_buffers
     emb_fsdp = fsdp if unsharded_grads_held else fsdp - grad_buffers
+    if sharded and unsharded_grads_held and later_chunks_done_at_embedding(plan):
+        # the rank's later chunks have reduce-scattered their accumulators and resharded their blocks
+        later_blocks = n_blocks * (v - 1) / v
+        emb_fsdp -= later_blocks * p_blk * (gb + plan.reduce_bytes)
     embedding_backward = params + states + grads + emb_grad + emb_acts + emb_fsdp
     if emb_grad and embedding_backward > max(backward_start, optimizer_phase):
         parts = {"parameters": params, "gradients": grads + emb_grad, "optimizer_states": states,
