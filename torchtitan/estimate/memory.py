@@ -278,7 +278,7 @@ def embedding_backward_bytes(plan: Plan) -> float:
     table in the reduce dtype (counted with the unsharded gradients, rank_memory) and redistributes only that,
     after the last pass: each pass then holds its whole bf16 table alone (measured on a simulated first stage of
     405B under FSDP 8 x TP 8 x PP 8, 1F1B: a bf16 and an fp32 (65536, 16384) table at its peak)."""
-    if plan.tp == 1 or plan.embedding_tp_shards == 1:
+    if plan.embedding_tp_shards == 1:  # no TP, or the table replicated on every TP rank
         return 0.0
     full = plan.embedding_grad_params() * plan.act_bytes
     return full if holds_unsharded_grads(plan) else full + full / plan.tp
@@ -290,19 +290,20 @@ def later_chunks_done_at_embedding(plan: Plan) -> bool:
     round (m <= pp) every later chunk is done, its unsharded gradients reduce-scattered and its blocks resharded,
     when the first chunk's embedding backward comes (counted on a simulated 405B first rank, stages 0 and 8: one
     chunk's block gathered and accumulating at m = pp = 8, both at m = 16)."""
-    pp_plan = plan.pp_plan
-    return (
-        pp_plan is not None
-        and pp_plan.schedule == "Interleaved1F1B"
-        and plan.cfg.parallelism.pipeline_parallel_stages_per_rank > 1
-        and plan.n_microbatches <= plan.pp
-    )
+    pp_plan = plan.pp_plan  # Interleaved1F1B always has several stages per rank (parallel/pipeline.py)
+    return pp_plan is not None and pp_plan.schedule == "Interleaved1F1B" and plan.n_microbatches <= plan.pp
 
 
 def holds_unsharded_grads(plan: Plan) -> bool:
     """Whether FSDP keeps the stage's gradients unsharded, in the reduce dtype, across the passes of a step and
     reduce-scatters them after the last (PP, or no_sync over micro-steps: estimate.dp_grad_sync=step)."""
     return plan.pp_plan is not None or plan.unsharded_grad_passes > 1
+
+
+def accumulated_grad_params(plan: Plan, p_rank: float, has_emb: bool) -> float:
+    """Elements of the unsharded gradients FSDP accumulates across passes for a stage of `p_rank` parameters (after
+    TP): its parameters, the TP-split embedding's counted as its whole Partial table (Plan.embedding_grad_params)."""
+    return p_rank + (plan.embedding_grad_params() - plan.embedding_params() if has_emb else 0.0)
 
 
 def reduce_scatter_pool_bytes(plan: Plan, p_local: float) -> float:
@@ -394,9 +395,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         # backward: the running block's low-precision gradients and the reduce-dtype copies of two blocks in flight
         grad_buffers = p_blk * (plan.act_bytes + 2 * plan.reduce_bytes)
         if unsharded_grads_held:
-            # the whole stage's gradients, the TP-split embedding's as its whole Partial table
-            emb_extra = plan.embedding_grad_params() - plan.embedding_params() if has_emb else 0.0
-            grad_buffers = (p_rank + emb_extra) * plan.reduce_bytes
+            grad_buffers = accumulated_grad_params(plan, p_rank, has_emb) * plan.reduce_bytes
     fsdp = gathered + grad_buffers
 
     # ---- float8: the casted (and transposed) operands of the largest converted matmul ----

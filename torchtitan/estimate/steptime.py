@@ -37,7 +37,13 @@ from .activations import (
     recomputes_elementwise,
     tp_collectives_recomputed,
 )
-from .memory import MASTER_BYTES, fp8_param_share, gather_bytes, holds_unsharded_grads
+from .memory import (
+    MASTER_BYTES,
+    accumulated_grad_params,
+    fp8_param_share,
+    gather_bytes,
+    holds_unsharded_grads,
+)
 from .plan import Linear, Plan
 
 ADAMW_BYTES_PER_PARAM = {"foreach": 84, "for-loop": 84, "fused": 28}  # passes over param, grad, 2 moments
@@ -800,7 +806,7 @@ def tp_embedding_grad_reduce(plan: Plan, r: Rates, has_emb: bool) -> float:
     TP group; once per pass in the gradients' dtype, or, where FSDP accumulates the passes unsharded (PP, no_sync),
     once per reduction on the reduce-dtype accumulator, spread over the passes. It follows the pass's last op, the
     embedding's backward, with nothing left to overlap it: exposed whole."""
-    if not has_emb or plan.tp == 1 or plan.embedding_tp_shards == 1:
+    if not has_emb or plan.embedding_tp_shards == 1:  # no TP, or the table replicated on every TP rank
         return 0.0
     table = plan.embedding_grad_params()
     if not holds_unsharded_grads(plan):
@@ -949,8 +955,9 @@ def training_step_time(plan: Plan) -> dict:
                 grad_accumulation=unsharded_grad_accumulation(
                     plan,
                     r,
-                    rank_params(plan, n_blocks, has_emb, has_head) * plan.fsdp_degree
-                    + (plan.embedding_grad_params() - plan.embedding_params() if has_emb else 0.0),
+                    accumulated_grad_params(
+                        plan, rank_params(plan, n_blocks, has_emb, has_head) * plan.fsdp_degree, has_emb
+                    ),
                 ),
                 tp=tp,
                 cp=cp,
