@@ -16,7 +16,7 @@ What it reports: the header line, the time of each step (compute only: nothing w
 parameter / gradient / optimizer-state bytes counted from its tensors after the last optimizer step, the peak
 (CPU: the process's peak resident set; CUDA: max allocated and reserved), the peak of the tensors alive at once
 (CUDA: max allocated; CPU, which keeps no allocator counters: the first step counted by torch's MemTracker, unless
-the modules are compiled or a zero-bubble schedule splits the backward), and `<dump_folder>/simulation.json`
+the modules are compiled), and `<dump_folder>/simulation.json`
 beside the estimator's answer for the same config and rank (torchtitan/estimate).
 """
 
@@ -174,13 +174,9 @@ class Simulation:
         """On CPU, count the first step's tensors with torch's MemTracker (torch.distributed._tools.mem_tracker:
         every storage an op creates, plus the modules' parameters, gradients and the optimizer's states): the peak
         CUDA's allocator counters give. The first step, which step_time_s leaves out when there are more, since the
-        tracker's per-op work slows the step it counts. Steps of several passes (micro-steps, pipeline
-        micro-batches) are counted too (_step_tracker); compiled modules and torch's zero-bubble schedules are not
-        (their split backward calls autograd.grad on the stage's inputs, which MemTracker's module hooks make fail:
-        "A leaf node was passed to _will_engine_execute_node"): their activations stay unmeasured."""
-        p = self.cfg.parallelism
-        split_backward = p.pipeline_parallel_degree > 1 and "ZeroBubble" in p.pipeline_parallel_schedule
-        if device.type == "cpu" and not self.cfg.compile.enable and not split_backward:
+        tracker's per-op work slows the step it counts. Every eager step is counted, whatever its passes and
+        schedule (_step_tracker); compiled modules are not (their activations stay unmeasured)."""
+        if device.type == "cpu" and not self.cfg.compile.enable:
             self._tracker = _step_tracker()
             self._tracker.track_external(*model_parts, optimizer)
 
@@ -316,21 +312,32 @@ def estimate_rank(cfg, world_size: int, pp_rank: int, device: torch.device, peak
 
 
 def _step_tracker():
-    """torch's MemTracker for a step of any number of passes. MemTracker refuses a root module's second forward
-    in one tracked region ("multiple iterative calls"), since its per-module statistics follow one pass; the peak
-    read here is its global one, which every allocation, resize and free updates whatever the module state. So a
-    root's later passes (micro-steps, pipeline micro-batches) skip the per-module bookkeeping and are counted like
-    the first (checked on a simulated 405B first stage under PP: its peak's parts add up to the tables and
-    gradient buffers a dispatch-mode log shows alive). It overrides torch 2.13's private hook
-    (`MemTracker._pre_fw_hook`); tests/test_simulate.py's pipeline and accumulation layouts fail if a release
-    renames it."""
+    """torch's MemTracker without its per-module hooks. Its global peak, which every allocation, resize and free
+    updates, is the one read here; the per-module statistics the hooks keep are not, and the hooks break steps
+    this simulation runs: a root module's second forward in one tracked region ("multiple iterative calls":
+    micro-steps, pipeline micro-batches) and the zero-bubble schedules' split backward, whose autograd.grad on a
+    stage's leaf inputs fails under them ("A leaf node was passed to _will_engine_execute_node"). On every layout
+    of tests/test_simulate.py that the hooked tracker could count, both peaks are equal to the byte (torch 2.13,
+    session 53). It replaces the tracker's private `_mod_tracker` (a ModTracker) with the few members MemTracker
+    asks of it; tests/test_simulate.py fails if a release changes them."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    class StepTracker(MemTracker):
-        def _pre_fw_hook(self, module, inputs) -> None:
-            try:
-                super()._pre_fw_hook(module, inputs)
-            except NotImplementedError:  # a root module's next pass
-                pass
+    class NoModuleHooks:
+        is_bw = False  # every op's storage is labelled a forward activation: the total is what is read
+        parents: frozenset = frozenset()
 
-    return StepTracker()
+        def register_user_hooks(self, *hooks) -> None:
+            pass
+
+        def clear_user_hooks(self) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *args) -> None:
+            pass
+
+    tracker = MemTracker()
+    tracker._mod_tracker = NoModuleHooks()
+    return tracker
