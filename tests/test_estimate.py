@@ -888,6 +888,137 @@ def test_older_software_keeps_the_forwards_float8_weights():
     assert parse_args(base).estimate.float8_weights == "recast"
 
 
+def _torch_pipeline_states(schedule: str, p: int, m: int, v: int, rank: int) -> list[tuple[int, int]]:
+    """(passes held, passes past their input-gradient pass) after each op of torch's own order for this rank
+    (`_calculate_single_rank_operations`, a private method: this test fails if a release renames it). A pass is held
+    from its forward to its backward (or weight pass: an op counts while its pass is held); the first stage's input
+    pass does nothing (torch runs its backward whole in the weight pass), so its passes count as held only."""
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining.schedules import _ComputationType as Op
+
+    cls = getattr(schedules, "Schedule" + schedule)
+    order = object.__new__(cls)  # no stages or process group: only the attributes the order is computed from
+    rounds = max(1, m // p)
+    order.__dict__.update(pp_group_size=p, _n_microbatches=m, n_local_stages=v, num_stages=v * p,
+                          _num_stages=v * p, number_of_rounds=rounds, microbatches_per_round=m // rounds)  # fmt: skip
+    live, out = {}, []
+    for a in order._calculate_single_rank_operations(rank):
+        if a is None:
+            continue
+        key = (a.stage_index, a.microbatch_index)
+        if a.computation_type == Op.FORWARD:
+            live[key] = False
+        elif a.computation_type == Op.BACKWARD_INPUT and a.stage_index > 0:
+            live[key] = True
+        out.append((len(live), sum(live.values())))
+        if a.computation_type in (Op.BACKWARD_WEIGHT, Op.FULL_BACKWARD):
+            del live[key]
+    return out
+
+
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"])
+def test_pipeline_passes_held_follow_torchs_schedule_orders(schedule):
+    """The passes a pipeline rank holds at its peak, as torch's own op order for every rank of every layout the
+    trainer accepts (pp 2-8, 2-4 stages a rank, 1 .. 4 pp micro-batches): the most held at once
+    (`in_flight_passes`), and under the zero-bubble schedules the largest sum over the order's moments of held
+    passes weighted by their state, a pass past its input-gradient pass 1 .. 50 x a held one
+    (`split_backward_moments`, which memory.rank_memory maximizes over)."""
+    from torchtitan.estimate.memory import in_flight_passes, split_backward_moments
+    from torchtitan.estimate.plan import build_plan
+
+    checked = 0
+    for p in (2, 3, 4, 8):
+        for v in (2,) if schedule == "ZBVZeroBubble" else (2, 3, 4):
+            for m in range(1, 4 * p + 1):
+                args = [*H100, "--job.config_file=train_configs/debug_model.toml", f"--estimate.num_devices={p}",
+                        "--parallelism.data_parallel_shard_degree=1", f"--model.n_layers={p * v}",
+                        f"--parallelism.pipeline_parallel_degree={p}", f"--training.local_batch_size={m}",
+                        f"--parallelism.pipeline_parallel_schedule={schedule}",
+                        f"--parallelism.pipeline_parallel_stages_per_rank={v}",
+                        "--parallelism.pipeline_parallel_microbatch_size=1"]  # fmt: skip
+                try:
+                    plan = build_plan(parse_args(args), require_rates=False)
+                except UserError:  # a count the trainer refuses for this schedule
+                    continue
+                for rank in range(p):
+                    states = _torch_pipeline_states(schedule, p, m, v, rank)
+                    assert in_flight_passes(plan, rank) == max(h for h, _ in states), (p, m, v, rank)
+                    moments = split_backward_moments(plan, rank)
+                    for w in (1, 1.5, 3, 50):
+                        # weight 1 a held pass, w one past its input pass
+                        want = max(h - i + w * i for h, i in states)
+                        got = max(h - i + w * i for h, i in moments)
+                        assert got == want, (p, m, v, rank, w, moments)
+                    checked += 1
+    assert checked >= 100  # layouts x ranks replayed
+
+
+def test_zero_bubble_weight_pass_recomputes_checkpointed_blocks_once_per_parameter_group():
+    """torch's split backward under full checkpointing, counted in matmul FLOPs on two debug blocks: the input pass
+    recomputes each block once (to its last saved tensor), the weight pass once per parameter group (7 linears and 2
+    norms a block), so 1 + 9 recomputes a backward; steptime.split_backward_recomputes prices that on every stage
+    but the first (whose backward torch runs whole)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torchtitan.estimate.plan import build_plan
+    from torchtitan.estimate.steptime import Pass, split_backward_recomputes
+    from torchtitan.models.llama3 import model as llama
+    from torchtitan.models.llama3.args import ModelArgs
+    from torchtitan.parallel.activation_checkpoint import apply_ac
+
+    mm = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+
+    class MatmulFlops(TorchDispatchMode):  # no module hooks: they break the split backward
+        flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in mm:
+                a, b = args[-2:]
+                self.flops += 2 * a.numel() * b.shape[-1]
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = apply_ac(
+        llama.Transformer(ModelArgs(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64)), "full"
+    )
+    blocks = torch.nn.ModuleList(model.layers.values())
+    h = torch.randn(2, 32, 128, requires_grad=True)
+    passes = []
+    with MatmulFlops() as c:
+        x = h
+        for block in blocks:
+            x = block(x, model.freqs_cis[:32])
+    passes.append(c.flops)
+    with MatmulFlops() as c:
+        _, groups = stage_backward_input([x], [torch.ones_like(x)], [h], blocks.parameters())
+    passes.append(c.flops)
+    with MatmulFlops() as c:
+        stage_backward_weight(blocks.parameters(), groups)
+    passes.append(c.flops)
+    forward, input_pass, weight_pass = passes
+    recompute = (
+        input_pass - forward
+    )  # the input pass: the input gradients (a forward's worth) + one recompute
+    assert 0.5 * forward < recompute < forward  # stops before w2
+    per_block_groups = len(groups) // len(blocks)
+    assert per_block_groups == 9
+    assert weight_pass == forward + per_block_groups * recompute
+
+    args = [*H100, "--model.flavor=8B", "--estimate.num_devices=64", "--parallelism.pipeline_parallel_degree=4",
+            "--parallelism.pipeline_parallel_stages_per_rank=2", "--training.local_batch_size=16",
+            "--parallelism.pipeline_parallel_microbatch_size=1", "--activation_checkpoint.mode=full"]  # fmt: skip
+    blocks_of_rank = [Pass(matmul=1.0, recompute=0.5)] * 4
+    for schedule, again in (("Interleaved1F1B", 1), ("InterleavedZeroBubble", 10), ("ZBVZeroBubble", 10)):
+        plan = build_plan(parse_args([*args, f"--parallelism.pipeline_parallel_schedule={schedule}"]))
+        first_stage = len(plan.pp_plan.stage_layers[0])  # 2 blocks
+        priced = split_backward_recomputes(plan, blocks_of_rank, has_emb=True)
+        assert [b.recompute for b in priced] == [0.5] * first_stage + [0.5 * again] * (4 - first_stage)
+        assert [b.recompute for b in split_backward_recomputes(plan, blocks_of_rank, has_emb=False)] == [
+            0.5 * again
+        ] * 4
+
+
 def test_pipeline_stage_boundary_buffers():
     """torch's PipelineStage keeps m receive buffers per non-first stage (the in-flight passes' inputs are among
     them), m gradient receive buffers per non-last stage and the in-flight passes' outputs: 1F1B on 4 ranks with 8

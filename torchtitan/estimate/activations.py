@@ -120,6 +120,15 @@ def saved_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
     raise ValueError(f"unknown activation checkpoint mode {mode!r}")
 
 
+def weight_pass_grads_per_token(s: BlockShape) -> float:
+    """Bytes per token one block keeps between a split backward's input-gradient pass and its weight-gradient pass
+    (the zero-bubble pipeline schedules): the gradient flowing into every op on a path to a weight, which torch's
+    `stage_backward_input` stores for `stage_backward_weight` (torch 2.13, torch/distributed/pipelining/
+    _backward.py, the param groups' "grads"): the outputs of wq, wk, wv and w1, w3 (per TP rank), of wo and w2
+    (full width before TP's reduction) and of both norms (the norm weights' products)."""
+    return (s.h + 2 * s.kv + 2 * s.f + 2 * s.d + 2 * s.d_s) * s.act_bytes
+
+
 def backward_working_set_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
     """Bytes alive while ONE block runs backward, beyond what every block keeps: the recomputed activations
     (checkpointed modes) plus the block's gradient buffers (grads of the FFN hidden and of the stream)."""

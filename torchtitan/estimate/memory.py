@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import statistics
 
-from .activations import backward_working_set_per_token, block_modes, saved_per_token
+from .activations import (
+    backward_working_set_per_token,
+    block_modes,
+    saved_per_token,
+    weight_pass_grads_per_token,
+)
 from .plan import GIB, Plan
 
 KEYS = (
@@ -80,32 +85,84 @@ def step_temp_bytes(plan: Plan) -> float:
     return ADAMW_TEMP_BYTES.get(plan.cfg.optimizer.implementation, 4) * plan.param_bytes / MASTER_BYTES
 
 
-def in_flight_passes(plan: Plan, rank: int) -> float:
-    """Forward passes (of one stage chunk each) whose activations a pipeline rank holds at its peak."""
+def microbatches_per_round(plan: Plan) -> int:
+    """Micro-batches torch's multi-stage schedules run on a local stage before moving to the next one: m over
+    max(1, m // pp) rounds (torch 2.13, torch/distributed/pipelining/schedules.py, `ScheduleInterleaved1F1B` and
+    `ScheduleInterleavedZeroBubble`): pp when m is a multiple of it, m when m < pp."""
+    m = plan.n_microbatches
+    return m // max(1, m // plan.pp)
+
+
+def in_flight_by_stage(plan: Plan, rank: int) -> list[float]:
+    """Forward passes whose saved activations a pipeline rank holds at its peak, per local stage (in stage order):
+    a pass is held from its forward to its backward, under the zero-bubble schedules to its weight-gradient pass
+    (torch's split backward keeps the graph, retain_graph=True, from the input-gradient pass to it). From each
+    schedule's op order in torch 2.13 (`_calculate_single_rank_operations`); tests/test_estimate.py replays torch's
+    orders against these counts.
+    - GPipe: every micro-batch; 1F1B: min(m, pp - rank).
+    - Interleaved1F1B: a warm-up of (v - 1) rounds plus 2 per later rank, and one more forward before the first
+      backward, run in rounds of `microbatches_per_round` per local stage, cycling over the stages.
+    - InterleavedZeroBubble: a round on every local stage but the last, which holds at most pp, whatever the rank
+      (its warm-up adds 1 per later rank, not 2, and a rank's weight passes lag its input passes by `rank` ops,
+      which holds the difference).
+    - ZBVZeroBubble (m >= 2 pp): rank r's V holds 2 pp - 1 - r passes of its first stage and r + 1 of its second."""
     if plan.pp_plan is None:
-        return 1.0
+        return [1.0]
     p, m = plan.pp, plan.n_microbatches
     v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
     schedule = plan.pp_plan.schedule
     if schedule == "GPipe":
-        return float(m * v)
+        return [float(m)]
     if schedule == "1F1B":
-        return float(min(m, p - rank))
-    # interleaved schedules (torch's warm-up: (v-1) rounds of p micro-batches plus 2 per later rank), in chunks
-    return float(min(m * v, (v - 1) * p + 2 * (p - 1 - rank) + 1))
-
-
-def in_flight_by_stage(plan: Plan, rank: int) -> list[float]:
-    """The rank's in-flight passes (`in_flight_passes`) split over its stages, in stage order: torch's interleaved
-    schedules run the warm-up forwards in rounds of pp micro-batches per local stage, cycling over the stages."""
-    w = in_flight_passes(plan, rank)
-    stages = plan.pp_plan.stages_of_rank(rank)
-    if len(stages) == 1:
-        return [w]
-    counts = [0.0] * len(stages)
-    for i in range(int(w)):
-        counts[(i // plan.pp) % len(stages)] += 1
+        return [float(min(m, p - rank))]
+    per_round = microbatches_per_round(plan)
+    if schedule == "ZBVZeroBubble":
+        return [float(min(m, 2 * p - 1 - rank)), float(min(m, rank + 1))]
+    if schedule == "InterleavedZeroBubble":
+        return [float(per_round)] * (v - 1) + [float(min(per_round, p))]
+    warm_up = min(m * v, (v - 1) * per_round + 2 * (p - 1 - rank) + 1)
+    counts = [0.0] * v
+    for i in range(warm_up):
+        counts[(i // per_round) % v] += 1
     return counts
+
+
+def in_flight_passes(plan: Plan, rank: int) -> float:
+    """Forward passes (of one stage chunk each) whose activations a pipeline rank holds at its peak."""
+    return sum(in_flight_by_stage(plan, rank))
+
+
+def split_backward_moments(plan: Plan, rank: int) -> list[tuple[float, float]]:
+    """The moments a pipeline rank's saved activations can peak at: (passes held, how many of them are past their
+    input-gradient pass), one stage chunk each. Only the zero-bubble schedules have passes in that second state,
+    each holding its whole graph until its weight pass (`split_pass_bytes_per_token`), so their peak is either
+    where most passes are held or where most are in that state (from torch 2.13's op orders, as
+    `in_flight_by_stage`; tests/test_estimate.py replays them):
+    - InterleavedZeroBubble: both at once: every held pass of `in_flight_by_stage`, rank + 1 of them past input.
+    - ZBVZeroBubble: 2 pp held, one past input (the steady state), and, on rank r >= 1, pp + r held with 2 r + 1
+      past input (its cool-down runs r input passes of each stage before their weight passes)."""
+    held = in_flight_passes(plan, rank)
+    if plan.pp_plan is None or not plan.pp_plan.split_backward:
+        return [(held, 0.0)]
+    if plan.pp_plan.schedule == "InterleavedZeroBubble":
+        return [(held, min(held, rank + 1.0))]
+    moments = [(held, 1.0)]
+    if rank >= 1:
+        moments.append((float(plan.pp + rank), 2.0 * rank + 1))
+    return moments
+
+
+def split_pass_bytes_per_token(plan: Plan, modes: list[str]) -> float:
+    """Bytes per token a stage chunk's pass holds between its input-gradient and weight-gradient passes: its graph
+    whole (torch's `stage_backward_input` calls autograd with retain_graph=True), so every activation a block without
+    checkpointing saves (a checkpointed block's recomputed ones stay with the graph: counted on a simulated ZBV rank
+    of 8B blocks at 1,024 tokens, full AC, three such passes at its peak holding nine FFN-wide tensors each), plus
+    the gradients kept for the weight pass (`weight_pass_grads_per_token`). The zero-bubble schedules do not run
+    compiled stages (torch refuses them)."""
+    v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
+    s = plan.shape
+    per_block = saved_per_token("none", s, False) + weight_pass_grads_per_token(s)
+    return len(modes) * per_block / v
 
 
 def pipeline_buffer_bytes(plan: Plan, rank: int) -> float:
@@ -306,6 +363,17 @@ def accumulated_grad_params(plan: Plan, p_rank: float, has_emb: bool) -> float:
     return p_rank + (plan.embedding_grad_params() - plan.embedding_params() if has_emb else 0.0)
 
 
+def split_weight_grad_params(plan: Plan, p_rank: float, has_emb: bool) -> float:
+    """Parameters (after TP) whose gradients a zero-bubble rank holds twice: the weight pass sets each parameter's
+    .grad in the compute dtype, and FSDP folds it into its accumulator only in the post-backward hook of the
+    stage's next input-gradient pass (counted on a simulated ZBV rank: a bf16 copy of every block's gradients
+    beside the fp32 accumulators between passes). Not the first stage's: torch skips its input-gradient pass and
+    runs its backward whole in the weight pass (torch 2.13, stage.py `backward_one_chunk`), hooks included."""
+    if not has_emb:
+        return p_rank
+    return p_rank - len(plan.pp_plan.stage_layers[0]) * plan.block_params() - plan.embedding_params()
+
+
 def reduce_scatter_pool_bytes(plan: Plan, p_local: float) -> float:
     """Bytes the caching allocator holds for FSDP2's reduce-scatter stream: the sharded gradients.
 
@@ -350,7 +418,11 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     )
     per_pass_blocks = sum(saved_per_token(m, s, plan.compile_model) for m in modes) / v  # one chunk's blocks
     passes = in_flight_passes(plan, rank)
-    acts = passes * per_pass_blocks * tokens
+    split_pass = split_pass_bytes_per_token(plan, modes)
+    acts = tokens * max(
+        (held - split) * per_pass_blocks + split * split_pass
+        for held, split in split_backward_moments(plan, rank)
+    )
     if has_head:
         acts += tokens * plan.args.dim * plan.act_bytes
     acts += max(backward_working_set_per_token(m, s, plan.compile_model) for m in set(modes)) * tokens
@@ -396,6 +468,8 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         grad_buffers = p_blk * (plan.act_bytes + 2 * plan.reduce_bytes)
         if unsharded_grads_held:
             grad_buffers = accumulated_grad_params(plan, p_rank, has_emb) * plan.reduce_bytes
+            if plan.pp_plan is not None and plan.pp_plan.split_backward:
+                grad_buffers += split_weight_grad_params(plan, p_rank, has_emb) * plan.act_bytes
     fsdp = gathered + grad_buffers
 
     # ---- float8: the casted (and transposed) operands of the largest converted matmul ----

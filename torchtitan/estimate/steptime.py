@@ -877,7 +877,7 @@ def pipeline_ratio(plan: Plan) -> float:
     p, m = plan.pp, plan.n_microbatches
     v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
     ratio = (p - 1) / (v * m)
-    if "ZeroBubble" in plan.pp_plan.schedule:
+    if plan.pp_plan.split_backward:
         # backward-weight work fills most of the bubble (Qi et al. 2023, ZB-H1: about a third remains)
         ratio /= 3
     return ratio
@@ -903,6 +903,21 @@ def optimizer_time(plan: Plan, r: Rates, p_local: float) -> float:
     return p_local * per_param / r.hbm
 
 
+def split_backward_recomputes(plan: Plan, blocks: list[Pass], has_emb: bool) -> list[Pass]:
+    """A rank's blocks with their recompute as a zero-bubble schedule runs it: torch's weight pass calls autograd
+    once per parameter group (torch 2.13, pipelining/_backward.py `stage_backward_weight`; a Llama block's 7
+    linears and 2 norms are 9 groups), and each call unpacks a checkpointed block again, which recomputes it to its
+    last saved tensor, as the input pass did: 1 + 9 recomputes a backward. Counted with a matmul-FLOP dispatch
+    mode on two debug blocks under full checkpointing: the input pass 1.75 x the forward's matmul FLOPs, the weight
+    pass 7.75 x (2.75 x for a plain backward). The first stage's backward runs whole, in its weight pass: one
+    recompute. Not repeated here: the recompute's TP collectives."""
+    if plan.pp_plan is None or not plan.pp_plan.split_backward:
+        return blocks
+    first = len(plan.pp_plan.stage_layers[0]) if has_emb else 0
+    again = 1 + len(plan.block_linears) + 2
+    return blocks[:first] + [dataclasses.replace(b, recompute=b.recompute * again) for b in blocks[first:]]
+
+
 def training_step_time(plan: Plan) -> dict:
     """Seconds per optimizer step on the slowest rank, with its breakdown."""
     r = Rates(plan)
@@ -915,7 +930,7 @@ def training_step_time(plan: Plan) -> dict:
         if has_emb:
             units.append(embedding_pass(plan, r, tokens))
         by_mode = {m: block_pass(plan, r, m, tokens) for m in set(modes)}  # every block of a mode is alike
-        units += [by_mode[m] for m in modes]
+        units += split_backward_recomputes(plan, [by_mode[m] for m in modes], has_emb)
         if has_head:
             units.append(head_pass(plan, r, tokens))
         accumulate = grad_accumulator_time(plan, r, rank_params(plan, n_blocks, has_emb, has_head))

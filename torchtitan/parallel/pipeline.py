@@ -66,6 +66,11 @@ class PipelinePlan:
     def num_stages(self) -> int:
         return len(self.stage_layers)
 
+    @property
+    def split_backward(self) -> bool:
+        """Whether the schedule splits each backward into an input-gradient and a later weight-gradient pass."""
+        return "ZeroBubble" in self.schedule
+
     def stage_rank(self, stage: int) -> int:
         if SCHEDULES[self.schedule][2] == "v":
             return stage if stage < self.pp else 2 * self.pp - 1 - stage
