@@ -11,7 +11,7 @@ from torchtitan.parallel.pipeline import even_split, plan_pipeline, split_at, st
 
 def plan(*overrides, n_layers=6, batch=4, tied=False):
     cfg = parse_args(["--parallelism.pipeline_parallel_degree=2", *overrides])
-    return plan_pipeline(cfg.parallelism, n_layers, batch, tied)
+    return plan_pipeline(cfg.parallelism, n_layers, batch, tied, cfg.activation_checkpoint)
 
 
 def sizes(ranges):
@@ -114,6 +114,15 @@ def test_bad_split_points(points, message):
             {},
             "loses the weight gradients of blocks that FSDP reshards after forward",
         ),
+        (
+            [
+                "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                "--parallelism.pipeline_parallel_stages_per_rank=2",
+                "--activation_checkpoint.mode=selective",
+            ],
+            {},
+            "runs a second backward over each stage (its weight pass), which activation_checkpoint.mode='selective'",
+        ),
         ([], {"tied": True}, "ties them (tie_embeddings, e.g. 1B/3B)"),
     ],
 )
@@ -122,6 +131,18 @@ def test_constraint_messages(overrides, kwargs, message):
         plan(*overrides, **kwargs)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_zero_bubble_runs_with_full_or_interval_checkpointing():
+    """torch's split backward works under whole-block checkpointing (every block, or every N-th: selective with an
+    integer option); only per-op selective checkpointing refuses its second backward."""
+    zbv = [
+        "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+        "--parallelism.pipeline_parallel_stages_per_rank=2",
+    ]
+    for ac in (["--activation_checkpoint.mode=full"], ["--activation_checkpoint.mode=selective",
+               "--activation_checkpoint.selective_ac_option=2"], ["--activation_checkpoint.mode=none"]):  # fmt: skip
+        assert plan(*zbv, *ac).schedule == "ZBVZeroBubble"
 
 
 def test_unknown_schedule_is_rejected_by_the_parser():

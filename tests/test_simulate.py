@@ -346,8 +346,21 @@ def test_bad_values_fail_with_one_line_naming_the_key(tmp_path):
 
 
 def test_a_layout_that_fails_a_real_launch_fails_the_same_way(tmp_path):
-    # 6 layers cannot fill 8 pipeline stages; heads 16 / kv heads 4 cannot split over TP 8
-    layouts = [["--parallelism.pipeline_parallel_degree=8"], ["--parallelism.tensor_parallel_degree=8"]]
+    # 6 layers cannot fill 8 pipeline stages; heads 16 / kv heads 4 cannot split over TP 8; a zero-bubble schedule's
+    # weight pass under per-op selective checkpointing (which crashed at the first weight pass before it was checked)
+    zbv_op_ac = [
+        "--parallelism.pipeline_parallel_degree=2",
+        "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+        "--parallelism.pipeline_parallel_stages_per_rank=2",
+        "--training.local_batch_size=4",
+        "--parallelism.pipeline_parallel_microbatch_size=1",
+        "--activation_checkpoint.mode=selective",
+    ]
+    layouts = [
+        ["--parallelism.pipeline_parallel_degree=8"],
+        ["--parallelism.tensor_parallel_degree=8"],
+        zbv_op_ac,
+    ]
     common = [*DEBUG[:-1], f"--job.dump_folder={tmp_path / 'out'}"]
     fake = simulate_many(
         [[*common, *lay, "--comm.mode=fake_backend", "--comm.fake_world_size=64"] for lay in layouts],
@@ -365,6 +378,7 @@ def test_a_layout_that_fails_a_real_launch_fails_the_same_way(tmp_path):
     real = simulate_many([[*common, *lay] for lay in layouts], tmp_path, env=env)
     for f, r in zip(fake, real):
         assert one_line_error(f) == one_line_error(r)
+    assert "selective_ac_option='op' refuses" in one_line_error(fake[2])
     # and fake mode under a launcher with WORLD_SIZE > 1 is refused
     (under_torchrun,) = simulate_many([[*DEBUG, "--comm.fake_world_size=8"]], tmp_path, env=env)
     assert "WORLD_SIZE=64" in one_line_error(under_torchrun)

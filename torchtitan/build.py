@@ -107,13 +107,23 @@ def build_run(cfg: JobConfig) -> Run:
     dims.validate(model_args, cfg, device.type)  # every degree/shape/batch constraint, before allocating
     if dims.pp_enabled:  # and every pipeline constraint (stages, schedule, micro-batches)
         pp_plan = plan_pipeline(
-            cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
+            cfg.parallelism,
+            model_args.n_layers,
+            cfg.training.local_batch_size,
+            model_args.tie_embeddings,
+            cfg.activation_checkpoint,
         )
     rank, world_size = (
         sim.init_process_group() if sim else init_distributed(device, cfg.comm.init_timeout_seconds)
     )
     if rank == 0 and (low_space := space_warning(cfg, model_args.num_params())):
         logger.warning(low_space)
+    if rank == 0 and dims.pp_enabled and pp_plan.split_backward and cfg.activation_checkpoint.mode != "none":
+        logger.warning(
+            f"{pp_plan.schedule} under activation checkpointing: torch's weight pass recomputes every checkpointed"
+            " block once per parameter group (10 recomputes a backward for a Llama block; docs/pipeline.md), which"
+            " python -m torchtitan.estimate prices; activation_checkpoint.mode='none' or Interleaved1F1B avoid it"
+        )
     # Where the wall clock goes, from this process's start; continued across restarts through the checkpoint
     progress = os.path.join(dump, PROGRESS_FILE) if cfg.checkpoint.enable else None
     goodput = GoodputTracker(progress, rank)

@@ -69,7 +69,11 @@ def check_mesh(cfg, world_size: int) -> str:
         validation_global_batch(cfg, dims)
     if dims.pp_enabled:  # stages, schedule, micro-batches: the same checks the trainer runs
         plan_pipeline(
-            cfg.parallelism, model_args.n_layers, cfg.training.local_batch_size, model_args.tie_embeddings
+            cfg.parallelism,
+            model_args.n_layers,
+            cfg.training.local_batch_size,
+            model_args.tie_embeddings,
+            cfg.activation_checkpoint,
         )
     return dims.describe()
 

@@ -564,7 +564,11 @@ def build_plan(
     pp_plan = None
     if dims.pp_enabled:
         pp_plan = plan_pipeline(
-            cfg.parallelism, args.n_layers, cfg.training.local_batch_size, args.tie_embeddings
+            cfg.parallelism,
+            args.n_layers,
+            cfg.training.local_batch_size,
+            args.tie_embeddings,
+            cfg.activation_checkpoint,
         )
     block, head = model_linears(args, cfg.float8.min_dim)
     if not cfg.float8.enable:

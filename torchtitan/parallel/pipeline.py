@@ -117,10 +117,13 @@ def split_at(n_layers: int, split_points: list[str]) -> list[range]:
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def plan_pipeline(p, n_layers: int, local_batch_size: int, tie_embeddings: bool = False) -> PipelinePlan:
+def plan_pipeline(
+    p, n_layers: int, local_batch_size: int, tie_embeddings: bool = False, ac=None
+) -> PipelinePlan:
     """Check every pipeline setting against the model and batch, before anything is allocated.
 
-    `p` is the [parallelism] config section. Raises UserError naming the keys and values that disagree.
+    `p` is the [parallelism] config section, `ac` the [activation_checkpoint] one (None: a forward-only use).
+    Raises UserError naming the keys and values that disagree.
     """
     pp, schedule, per_rank = (
         p.pipeline_parallel_degree,
@@ -162,6 +165,20 @@ def plan_pipeline(p, n_layers: int, local_batch_size: int, tie_embeddings: bool 
         raise UserError(
             f"parallelism.pipeline_parallel_schedule={schedule!r} loses the weight gradients of blocks that FSDP"
             " reshards after forward, but fsdp_reshard_after_forward='always'; set it to 'default' or 'never'"
+        )
+    if (
+        "ZeroBubble" in schedule
+        and ac is not None
+        and ac.mode == "selective"
+        and ac.selective_ac_option == "op"
+    ):
+        # torch's split backward runs a second autograd pass (the weight pass) over each stage's graph, which
+        # per-op selective checkpointing refuses at the first weight pass ("Trying to backward an extra time";
+        # torch 2.13, seen on a simulated ZBV rank)
+        raise UserError(
+            f"parallelism.pipeline_parallel_schedule={schedule!r} runs a second backward over each stage (its"
+            " weight pass), which activation_checkpoint.mode='selective' with selective_ac_option='op' refuses;"
+            " use mode 'full' or 'none', a block interval (selective_ac_option='2'), or 1F1B / Interleaved1F1B"
         )
     num_stages = pp * per_rank
     if p.pipeline_parallel_split_points:
