@@ -1019,6 +1019,63 @@ def test_zero_bubble_weight_pass_recomputes_checkpointed_blocks_once_per_paramet
         ] * 4
 
 
+@pytest.mark.parametrize("n_blocks", [1, 2])
+def test_zero_bubble_memory_of_the_input_and_weight_passes_as_measured(n_blocks):
+    """What torch's split backward holds, counted with the simulated rank's tracker on fp32 debug blocks under full
+    checkpointing: after the input pass, the saved activations (the blocks' inputs) plus the gradients the weight
+    pass reads (`weight_pass_grads_per_token`, +-5 %); inside the weight pass, the recomputed activations of its
+    per-group autograd calls piling up to WEIGHT_PASS_RECOMPUTED_PER_BLOCK x what a block saves without
+    checkpointing, per block (+-10 %)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from torchtitan.estimate.activations import (
+        WEIGHT_PASS_RECOMPUTED_PER_BLOCK,
+        BlockShape,
+        saved_per_token,
+        weight_pass_grads_per_token,
+    )
+    from torchtitan.models.llama3 import model as llama
+    from torchtitan.models.llama3.args import ModelArgs
+    from torchtitan.parallel.activation_checkpoint import apply_ac
+    from torchtitan.simulate import _step_tracker
+
+    torch.manual_seed(0)
+    dim, ffn, batch, seq = 256, 1024, 2, 256
+    args = ModelArgs(
+        dim=dim, n_layers=n_blocks, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_dim=ffn, max_seq_len=seq
+    )
+    model = apply_ac(llama.Transformer(args), "full")
+    blocks = torch.nn.ModuleList(model.layers.values())
+    tracker = _step_tracker()
+    tracker.track_external(blocks)
+
+    def live() -> int:
+        return next(iter(tracker._curr_mem_snap.values()))["Total"]
+
+    with tracker:
+        h = torch.randn(batch, seq, dim, requires_grad=True)
+        x = h
+        for block in blocks:
+            x = block(x, model.freqs_cis[:seq])
+        grad = torch.ones_like(x)
+        before_input = live()
+        _, groups = stage_backward_input([x], [grad], [h], blocks.parameters())
+        del grad, x
+        after_input = live()
+        device = next(iter(tracker._peak_mem))
+        tracker._peak_mem[device] = 0
+        stage_backward_weight(blocks.parameters(), groups)
+        weight_pass_peak = tracker._peak_mem[device] - after_input
+    shape = BlockShape(d=dim, h=dim, kv=dim // 2, f=ffn, heads=4, tp=1, sequence_parallel=False, act_bytes=4,
+                       fused_norm=False)  # fmt: skip
+    tokens = batch * seq
+    # before_input counted the output and its gradient (deleted since), the input pass added h.grad (one of them)
+    kept = after_input - before_input + tokens * dim * 4
+    assert kept == pytest.approx(n_blocks * weight_pass_grads_per_token(shape) * tokens, rel=0.05)
+    per_block = weight_pass_peak / (n_blocks * saved_per_token("none", shape, False) * tokens)
+    assert per_block == pytest.approx(WEIGHT_PASS_RECOMPUTED_PER_BLOCK, rel=0.1), per_block
+
+
 def test_pipeline_stage_boundary_buffers():
     """torch's PipelineStage keeps m receive buffers per non-first stage (the in-flight passes' inputs are among
     them), m gradient receive buffers per non-last stage and the in-flight passes' outputs: 1F1B on 4 ranks with 8

@@ -121,8 +121,9 @@ def build_run(cfg: JobConfig) -> Run:
     if rank == 0 and dims.pp_enabled and pp_plan.split_backward and cfg.activation_checkpoint.mode != "none":
         logger.warning(
             f"{pp_plan.schedule} under activation checkpointing: torch's weight pass recomputes every checkpointed"
-            " block once per parameter group (10 recomputes a backward for a Llama block; docs/pipeline.md), which"
-            " python -m torchtitan.estimate prices; activation_checkpoint.mode='none' or Interleaved1F1B avoid it"
+            " block once per parameter group (10 recomputes a backward for a Llama block, holding about 5 x its"
+            " activations; docs/pipeline.md), which python -m torchtitan.estimate prices;"
+            " activation_checkpoint.mode='none' or Interleaved1F1B avoid it"
         )
     # Where the wall clock goes, from this process's start; continued across restarts through the checkpoint
     progress = os.path.join(dump, PROGRESS_FILE) if cfg.checkpoint.enable else None

@@ -120,6 +120,15 @@ def saved_per_token(mode: str, s: BlockShape, compiled: bool) -> float:
     raise ValueError(f"unknown activation checkpoint mode {mode!r}")
 
 
+# Under whole-block checkpointing torch's split weight pass (the zero-bubble schedules) calls autograd once per
+# parameter group, each call recomputes the checkpointed blocks, and the recomputed activations of the earlier calls
+# stay alive: at its peak the pass holds this many times what one block saves without checkpointing, per
+# checkpointed block of the stage chunk. Measured with MemTracker on debug blocks (torch 2.13, fp32, dim 512, FFN
+# 2048, 4 x 256 and 4 x 512 tokens, 1, 2 and 4 blocks: 5.25, 5.14, 5.24, 5.23 per block; about 0.9 kept per
+# group, 9 groups a block, until the sixth group's call returns); tests/test_estimate.py measures it again.
+WEIGHT_PASS_RECOMPUTED_PER_BLOCK = 5.25
+
+
 def weight_pass_grads_per_token(s: BlockShape) -> float:
     """Bytes per token one block keeps between a split backward's input-gradient pass and its weight-gradient pass
     (the zero-bubble pipeline schedules): the gradient flowing into every op on a path to a weight, which torch's

@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 
 from .activations import (
+    WEIGHT_PASS_RECOMPUTED_PER_BLOCK,
     backward_working_set_per_token,
     block_modes,
     saved_per_token,
@@ -135,9 +136,9 @@ def in_flight_passes(plan: Plan, rank: int) -> float:
 def split_backward_moments(plan: Plan, rank: int) -> list[tuple[float, float]]:
     """The moments a pipeline rank's saved activations can peak at: (passes held, how many of them are past their
     input-gradient pass), one stage chunk each. Only the zero-bubble schedules have passes in that second state,
-    each holding its whole graph until its weight pass (`split_pass_bytes_per_token`), so their peak is either
-    where most passes are held or where most are in that state (from torch 2.13's op orders, as
-    `in_flight_by_stage`; tests/test_estimate.py replays them):
+    each holding the gradients its weight pass reads beside its saved activations until that pass
+    (`activations.weight_pass_grads_per_token`), so their peak is either where most passes are held or where most
+    are in that state (from torch 2.13's op orders, as `in_flight_by_stage`; tests/test_estimate.py replays them):
     - InterleavedZeroBubble: both at once: every held pass of `in_flight_by_stage`, rank + 1 of them past input.
     - ZBVZeroBubble: 2 pp held, one past input (the steady state), and, on rank r >= 1, pp + r held with 2 r + 1
       past input (its cool-down runs r input passes of each stage before their weight passes)."""
@@ -150,19 +151,6 @@ def split_backward_moments(plan: Plan, rank: int) -> list[tuple[float, float]]:
     if rank >= 1:
         moments.append((float(plan.pp + rank), 2.0 * rank + 1))
     return moments
-
-
-def split_pass_bytes_per_token(plan: Plan, modes: list[str]) -> float:
-    """Bytes per token a stage chunk's pass holds between its input-gradient and weight-gradient passes: its graph
-    whole (torch's `stage_backward_input` calls autograd with retain_graph=True), so every activation a block without
-    checkpointing saves (a checkpointed block's recomputed ones stay with the graph: counted on a simulated ZBV rank
-    of 8B blocks at 1,024 tokens, full AC, three such passes at its peak holding nine FFN-wide tensors each), plus
-    the gradients kept for the weight pass (`weight_pass_grads_per_token`). The zero-bubble schedules do not run
-    compiled stages (torch refuses them)."""
-    v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
-    s = plan.shape
-    per_block = saved_per_token("none", s, False) + weight_pass_grads_per_token(s)
-    return len(modes) * per_block / v
 
 
 def pipeline_buffer_bytes(plan: Plan, rank: int) -> float:
@@ -363,6 +351,21 @@ def accumulated_grad_params(plan: Plan, p_rank: float, has_emb: bool) -> float:
     return p_rank + (plan.embedding_grad_params() - plan.embedding_params() if has_emb else 0.0)
 
 
+def backward_working_set(plan: Plan, modes: list[str]) -> float:
+    """Bytes per token alive beyond the saved activations while a backward runs: one block's
+    (`backward_working_set_per_token`), or under a zero-bubble schedule with checkpointed blocks the weight pass's
+    recomputed activations, which pile up over its per-group autograd calls (WEIGHT_PASS_RECOMPUTED_PER_BLOCK per
+    checkpointed block of a stage chunk)."""
+    s = plan.shape
+    one_block = max(backward_working_set_per_token(m, s, plan.compile_model) for m in set(modes))
+    if plan.pp_plan is None or not plan.pp_plan.split_backward:
+        return one_block
+    v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
+    # checkpointed blocks of a chunk (per-op SAC is refused with these schedules: every one is whole-block)
+    checkpointed = sum(m != "none" for m in modes) / v
+    return max(one_block, WEIGHT_PASS_RECOMPUTED_PER_BLOCK * checkpointed * saved_per_token("none", s, False))
+
+
 def split_weight_grad_params(plan: Plan, p_rank: float, has_emb: bool) -> float:
     """Parameters (after TP) whose gradients a zero-bubble rank holds twice: the weight pass sets each parameter's
     .grad in the compute dtype, and FSDP folds it into its accumulator only in the post-backward hook of the
@@ -418,14 +421,14 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
     )
     per_pass_blocks = sum(saved_per_token(m, s, plan.compile_model) for m in modes) / v  # one chunk's blocks
     passes = in_flight_passes(plan, rank)
-    split_pass = split_pass_bytes_per_token(plan, modes)
+    # a zero-bubble pass past its input-gradient pass also keeps the gradients its weight pass reads
+    split_extra = len(modes) * weight_pass_grads_per_token(s) / v
     acts = tokens * max(
-        (held - split) * per_pass_blocks + split * split_pass
-        for held, split in split_backward_moments(plan, rank)
+        held * per_pass_blocks + split * split_extra for held, split in split_backward_moments(plan, rank)
     )
     if has_head:
         acts += tokens * plan.args.dim * plan.act_bytes
-    acts += max(backward_working_set_per_token(m, s, plan.compile_model) for m in set(modes)) * tokens
+    acts += backward_working_set(plan, modes) * tokens
     pipeline_buffers = pipeline_buffer_bytes(plan, rank)
     acts += pipeline_buffers
 
