@@ -16,8 +16,8 @@ What it reports: the header line, the time of each step (compute only: nothing w
 parameter / gradient / optimizer-state bytes counted from its tensors after the last optimizer step, the peak
 (CPU: the process's peak resident set; CUDA: max allocated and reserved), the peak of the tensors alive at once
 (CUDA: max allocated; CPU, which keeps no allocator counters: the first step counted by torch's MemTracker, unless
-the modules are compiled), and `<dump_folder>/simulation.json`
-beside the estimator's answer for the same config and rank (torchtitan/estimate).
+the modules are compiled), and `<dump_folder>/simulation.json` beside the estimator's answer for the same config
+and rank (torchtitan/estimate).
 """
 
 from __future__ import annotations

@@ -38,13 +38,14 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.errors import UserError
 
-# name in the config -> (class name in torch.distributed.pipelining, several stages per rank, placement)
+# name in the config -> (class name in torch.distributed.pipelining, several stages per rank, placement, whether
+# each backward is split into an input-gradient and a later weight-gradient pass)
 SCHEDULES = {
-    "GPipe": ("ScheduleGPipe", False, "loop"),
-    "1F1B": ("Schedule1F1B", False, "loop"),
-    "Interleaved1F1B": ("ScheduleInterleaved1F1B", True, "loop"),
-    "InterleavedZeroBubble": ("ScheduleInterleavedZeroBubble", True, "loop"),
-    "ZBVZeroBubble": ("ScheduleZBVZeroBubble", True, "v"),
+    "GPipe": ("ScheduleGPipe", False, "loop", False),
+    "1F1B": ("Schedule1F1B", False, "loop", False),
+    "Interleaved1F1B": ("ScheduleInterleaved1F1B", True, "loop", False),
+    "InterleavedZeroBubble": ("ScheduleInterleavedZeroBubble", True, "loop", True),
+    "ZBVZeroBubble": ("ScheduleZBVZeroBubble", True, "v", True),
 }
 
 _LAYER_NAME = re.compile(r"layers\.(\d+)")
@@ -69,7 +70,7 @@ class PipelinePlan:
     @property
     def split_backward(self) -> bool:
         """Whether the schedule splits each backward into an input-gradient and a later weight-gradient pass."""
-        return "ZeroBubble" in self.schedule
+        return SCHEDULES[self.schedule][3]
 
     def stage_rank(self, stage: int) -> int:
         if SCHEDULES[self.schedule][2] == "v":
@@ -141,7 +142,7 @@ def plan_pipeline(
         )
     if per_rank < 1:
         raise UserError(f"parallelism.pipeline_parallel_stages_per_rank={per_rank} must be >= 1")
-    multi = SCHEDULES[schedule][1]
+    multi, split_backward = SCHEDULES[schedule][1], SCHEDULES[schedule][3]
     if not multi and per_rank != 1:
         raise UserError(
             f"parallelism.pipeline_parallel_schedule={schedule!r} runs one stage per rank, but"
@@ -158,7 +159,7 @@ def plan_pipeline(
             f"parallelism.pipeline_parallel_schedule='ZBVZeroBubble' needs exactly 2 stages per rank (a V),"
             f" got pipeline_parallel_stages_per_rank={per_rank}; set it to 2"
         )
-    if "ZeroBubble" in schedule and p.fsdp_reshard_after_forward == "always":
+    if split_backward and p.fsdp_reshard_after_forward == "always":
         # torch's split backward (stage_backward_input) looks weights up through module.parameters(), which
         # FSDP2 has swapped back to the shards after forward, so the deferred weight gradients of those blocks
         # are silently dropped (measured: the last stage's blocks got no gradient at all).
@@ -166,12 +167,7 @@ def plan_pipeline(
             f"parallelism.pipeline_parallel_schedule={schedule!r} loses the weight gradients of blocks that FSDP"
             " reshards after forward, but fsdp_reshard_after_forward='always'; set it to 'default' or 'never'"
         )
-    if (
-        "ZeroBubble" in schedule
-        and ac is not None
-        and ac.mode == "selective"
-        and ac.selective_ac_option == "op"
-    ):
+    if split_backward and ac is not None and ac.mode == "selective" and ac.selective_ac_option == "op":
         # torch's split backward runs a second autograd pass (the weight pass) over each stage's graph, which
         # per-op selective checkpointing refuses at the first weight pass ("Trying to backward an extra time";
         # torch 2.13, seen on a simulated ZBV rank)
@@ -276,7 +272,7 @@ def build_pipeline(
             )
         else:
             stages.append(make_stage(part, s, plan.num_stages, device, pp_mesh.get_group()))
-    cls_name, multi, _ = SCHEDULES[plan.schedule]
+    cls_name, multi, _, _ = SCHEDULES[plan.schedule]
     cls = getattr(pipelining, cls_name)
     schedule = cls(
         stages if multi else stages[0],
