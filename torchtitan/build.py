@@ -118,7 +118,9 @@ def build_run(cfg: JobConfig) -> Run:
     )
     if rank == 0 and (low_space := space_warning(cfg, model_args.num_params())):
         logger.warning(low_space)
-    if rank == 0 and dims.pp_enabled and pp_plan.split_backward and cfg.activation_checkpoint.mode != "none":
+    # on rank 0, and on a simulated rank (whichever rank it plays)
+    zb_ac = dims.pp_enabled and pp_plan.split_backward and cfg.activation_checkpoint.mode != "none"
+    if zb_ac and (rank == 0 or sim is not None):
         logger.warning(
             f"{pp_plan.schedule} under activation checkpointing: torch's weight pass recomputes every checkpointed"
             " block once per parameter group (10 recomputes a backward for a Llama block, holding about 5 x its"
