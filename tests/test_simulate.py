@@ -353,13 +353,9 @@ def test_a_layout_that_fails_a_real_launch_fails_the_same_way(tmp_path):
     # 6 layers cannot fill 8 pipeline stages; heads 16 / kv heads 4 cannot split over TP 8; a zero-bubble schedule's
     # weight pass under per-op selective checkpointing (which crashed at the first weight pass before it was checked)
     zbv_op_ac = [
-        "--parallelism.pipeline_parallel_degree=2",
-        "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
-        "--parallelism.pipeline_parallel_stages_per_rank=2",
-        "--training.local_batch_size=4",
-        "--parallelism.pipeline_parallel_microbatch_size=1",
+        *LAYOUTS["pp2_fsdp4_zbv"][2],
         "--activation_checkpoint.mode=selective",
-    ]
+    ]  # the later flag wins
     layouts = [
         ["--parallelism.pipeline_parallel_degree=8"],
         ["--parallelism.tensor_parallel_degree=8"],

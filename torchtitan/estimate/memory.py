@@ -143,7 +143,7 @@ def split_backward_moments(plan: Plan, rank: int) -> list[tuple[float, float]]:
     - ZBVZeroBubble: 2 pp held, one past input (the steady state), and, on rank r >= 1, pp + r held with 2 r + 1
       past input (its cool-down runs r input passes of each stage before their weight passes)."""
     held = in_flight_passes(plan, rank)
-    if plan.pp_plan is None or not plan.pp_plan.split_backward:
+    if not plan.split_backward:
         return [(held, 0.0)]
     if plan.pp_plan.schedule == "InterleavedZeroBubble":
         return [(held, min(held, rank + 1.0))]
@@ -358,7 +358,7 @@ def backward_working_set(plan: Plan, modes: list[str]) -> float:
     checkpointed block of a stage chunk)."""
     s = plan.shape
     one_block = max(backward_working_set_per_token(m, s, plan.compile_model) for m in set(modes))
-    if plan.pp_plan is None or not plan.pp_plan.split_backward:
+    if not plan.split_backward:
         return one_block
     v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
     # checkpointed blocks of a chunk (per-op SAC is refused with these schedules: every one is whole-block)
@@ -370,11 +370,11 @@ def split_weight_grad_params(plan: Plan, p_rank: float, has_emb: bool) -> float:
     """Parameters (after TP) whose gradients a zero-bubble rank holds twice: the weight pass sets each parameter's
     .grad in the compute dtype, and FSDP folds it into its accumulator only in the post-backward hook of the
     stage's next input-gradient pass (counted on a simulated ZBV rank: a bf16 copy of every block's gradients
-    beside the fp32 accumulators between passes). Not the first stage's: torch skips its input-gradient pass and
-    runs its backward whole in the weight pass (torch 2.13, stage.py `backward_one_chunk`), hooks included."""
+    beside the fp32 accumulators between passes). Not the first stage's, whose backward runs whole, hooks included
+    (`Plan.whole_backward_blocks`)."""
     if not has_emb:
         return p_rank
-    return p_rank - len(plan.pp_plan.stage_layers[0]) * plan.block_params() - plan.embedding_params()
+    return p_rank - plan.whole_backward_blocks(has_emb) * plan.block_params() - plan.embedding_params()
 
 
 def reduce_scatter_pool_bytes(plan: Plan, p_local: float) -> float:
@@ -471,7 +471,7 @@ def rank_memory(plan: Plan, rank: int) -> dict[str, float]:
         grad_buffers = p_blk * (plan.act_bytes + 2 * plan.reduce_bytes)
         if unsharded_grads_held:
             grad_buffers = accumulated_grad_params(plan, p_rank, has_emb) * plan.reduce_bytes
-            if plan.pp_plan is not None and plan.pp_plan.split_backward:
+            if plan.split_backward:
                 grad_buffers += split_weight_grad_params(plan, p_rank, has_emb) * plan.act_bytes
     fsdp = gathered + grad_buffers
 

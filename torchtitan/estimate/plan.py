@@ -332,6 +332,17 @@ class Plan:
         return self.dims.dp_shard * self.dims.cp
 
     @property
+    def split_backward(self) -> bool:
+        """Whether a pipeline schedule splits each backward into input- and weight-gradient passes (zero-bubble)."""
+        return self.pp_plan is not None and self.pp_plan.split_backward
+
+    def whole_backward_blocks(self, has_emb: bool) -> int:
+        """Blocks of a pipeline rank whose backward runs whole under a split-backward schedule: the first stage's,
+        on the rank that holds it (torch 2.13 skips the first stage's input-gradient pass and runs its backward in
+        the weight pass, stage.py `backward_one_chunk`); none elsewhere."""
+        return len(self.pp_plan.stage_layers[0]) if has_emb else 0
+
+    @property
     def compile_model(self) -> bool:
         c = self.cfg.compile
         return c.enable and "model" in c.components

@@ -877,7 +877,7 @@ def pipeline_ratio(plan: Plan) -> float:
     p, m = plan.pp, plan.n_microbatches
     v = plan.cfg.parallelism.pipeline_parallel_stages_per_rank
     ratio = (p - 1) / (v * m)
-    if plan.pp_plan.split_backward:
+    if plan.split_backward:
         # backward-weight work fills most of the bubble (Qi et al. 2023, ZB-H1: about a third remains)
         ratio /= 3
     return ratio
@@ -909,11 +909,11 @@ def split_backward_recomputes(plan: Plan, blocks: list[Pass], has_emb: bool) -> 
     linears and 2 norms are 9 groups), and each call unpacks a checkpointed block again, which recomputes it to its
     last saved tensor, as the input pass did: 1 + 9 recomputes a backward. Counted with a matmul-FLOP dispatch
     mode on two debug blocks under full checkpointing: the input pass 1.75 x the forward's matmul FLOPs, the weight
-    pass 7.75 x (2.75 x for a plain backward). The first stage's backward runs whole, in its weight pass: one
-    recompute. Not repeated here: the recompute's TP collectives."""
-    if plan.pp_plan is None or not plan.pp_plan.split_backward:
+    pass 7.75 x (2.75 x for a plain backward). The first stage's backward runs whole (`Plan.whole_backward_blocks`):
+    one recompute. Not repeated here: the recompute's TP collectives."""
+    if not plan.split_backward:
         return blocks
-    first = len(plan.pp_plan.stage_layers[0]) if has_emb else 0
+    first = plan.whole_backward_blocks(has_emb)
     again = 1 + len(plan.block_linears) + 2
     return blocks[:first] + [dataclasses.replace(b, recompute=b.recompute * again) for b in blocks[first:]]
 
