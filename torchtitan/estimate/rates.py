@@ -779,6 +779,20 @@ CUDNN919_GB200_BWD_NO_MASK = (1089.0, 1287.0, 1409.0, 1455.0, 1501.0)
 CUDNN919_GB300_FWD_NO_MASK = (1568.0, 1872.0, 1930.0, 1992.0, 1880.0)
 CUDNN919_GB300_BWD_NO_MASK = (1168.0, 1353.0, 1501.0, 1559.0, 1555.0)
 BLACKWELL_ULTRA_DEVICES = ("B300", "GB300")
+# Head dim: the curves above are head dim 128 (192 / 128 for the DeepSeek shapes not used here). At head dim 64 a
+# Blackwell attention kernel does half the matmul work per score, but the same softmax work (MUFU.EX2, Blackwell's
+# attention bottleneck, above), so it sustains fewer TFLOPS. Measured on a Blackwell part (its MFU column puts the
+# peak at 2,500 TFLOPS: a GB200 or a B300), cuDNN and FlashAttention-4 timed in one table, forward, by head dim:
+# Dao-AILab/flash-attention PR #2605 (2026), cuDNN non-causal at batch 32 x 1024, 979 TFLOPS at head dim 64 against
+# 1,428 at 128 (the one cuDNN pair the thread shows whole). FlashAttention-4 in the same thread: non-causal
+# 776 / 982 / 1,112 / 1,179 / 1,218 against 1,145 / 1,382 / 1,559 / 1,646 / 1,745 from 1K to 16K (0.68-0.72), causal
+# 460 / 699 / 904 against 785 / 1,132 / 1,381 at 1K / 2K / 4K (0.59-0.65). On Hopper cuDNN's head dim 64 runs at 0.72
+# of its 128 (the FlashAttention-3 paper's bars, above). So a cuDNN call on a Blackwell part at head dim 64 runs at
+# BLACKWELL_CUDNN_D64_RATIO of the head-dim-128 curve at every length, forward and backward (no Blackwell backward
+# pair was found: an assumption, as on Hopper, where FlashAttention-2's backward ratio, 0.90-0.92, is its forward's,
+# 0.87-0.91), log2-interpolated between 64 and 128; 128 and above as measured. Until 2026-12-04 every head dim
+# took the head-dim-128 curve (docs/estimate_log.md, "Blackwell's cuDNN attention at head dim 64").
+BLACKWELL_CUDNN_D64_RATIO = 979.0 / 1428.0
 
 
 def blackwell_ultra_attention_gain(seq: float, backward: bool) -> float:
@@ -844,7 +858,7 @@ def attention_fraction(
                 tflops *= blackwell_ultra_attention_gain(seq, backward)
             if not causal:
                 tflops *= blackwell_non_causal_ratio(device, seq, backward)
-            return tflops / peak
+            return tflops * _between_head_dims(head_dim, BLACKWELL_CUDNN_D64_RATIO, 1.0) / peak
         # FA2's mma.sync kernels: about the H100's TFLOPS, at the run's head dim as on Hopper (the same kernels run
         # 0.87-0.90 as fast at head dim 64 as at 128; until 2026-12-03 the head-dim-128 curve at every head dim)
         return _hopper_tflops(seq, backward, causal, head_dim, "flash") / peak
