@@ -462,15 +462,16 @@ _BAISYA_CP = (
 _BAISYA_CP_MEM = (
     "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), FSDP 2 x TP 2 x CP 2 (allgather"
     " and per-op SAC assumed): published 50 % / 97 % / 97 % of the device (92.0 / 178.5 / 178.5 GiB) at 32 x"
-    " 2048, 32 x 4096 and 64 x 2048, estimated 62.5 / 106.8 / 106.8 GiB (-32.1 / -40.2 / -40.2 %); their"
+    " 2048, 32 x 4096 and 64 x 2048, estimated 62.1 / 106.4 / 106.4 GiB (-32.5 / -40.4 / -40.4 %); their"
     " tokens/s are estimated +15.7 / +15.6 / +16.7 % (outside, _BAISYA_CP). At 32 x 4096 each rank holds the"
     " tokens of the TP 2 x FSDP 4 row at 32 x 2048 (65,536), whose published 123.3 GiB the estimate puts at"
-    " 106.8 too (-13.4 %): CP adds 55 GiB in the run and nothing in the estimate. The K and V that CP's"
-    " all-gather rotation gathers to the whole sequence, repeated to the query heads by torchtitan's"
-    " repeat_kv (16 heads a TP rank: about 34 GB over 32 blocks at 32 x 4096), would be of that size if kept"
-    " for backward, but per-op SAC recomputes both ops' outputs; whether torch's ring attention keeps them"
-    " inside its own autograd function was not checked. Two of the three rows are at 97 %, where the caching"
-    " allocator's reserve is bounded by the device: not explained"
+    " 106.4 too (-13.7 %): CP adds 55 GiB in the run and nothing in the estimate. The K and V that CP's"
+    " all-gather rotation gathers to the whole sequence (16 heads a TP rank after torchtitan's repeat_kv: about"
+    " 34 GB over 32 blocks at 32 x 4096) would be of that size if kept for backward; they are not (read in"
+    " session 54, torch 2.13's _context_parallel/_attention.py: the ring runs inside the SDPA op's own"
+    " forward, whose autograd node saves the op's local query, key, value, output and logsumexp; the gathered"
+    " buffer lives in the rotater for that call, and the backward op gathers K and V again). Two of the three"
+    " rows are at 97 %, where the caching allocator's reserve is bounded by the device: not explained"
 )
 _BAISYA_TP_MEM = (
     "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), TP 2 x FSDP 4 at 32 x 2048,"
