@@ -127,8 +127,11 @@ class Efficiency:
     decode_hbm_bf16: float = DECODE_HBM_BF16
     decode_hbm_int8: float = DECODE_HBM_INT8  # 0.72: Inductor's int8 GEMV at 0.865 of the bf16 GEMV's (above)
     decode_hbm_int4: float = DECODE_HBM_INT4  # 0.67: tinygemm at 0.80 of the fp16 GEMV's bandwidth (above)
-    # fixed per layer and decode step (kernel tails and gaps under CUDA graphs): no measurement found, so FITTED
-    # in validation.py (chosen on the decode rows, 20..90 us in 5 us steps; this is the fit on every source)
+    # fixed per layer and decode step (kernel tails and gaps under CUDA graphs): FITTED in validation.py (chosen on
+    # the decode rows, 20..90 us in 5 us steps; this is the fit on every source). A measured kernel startup under a
+    # CUDA graph (gpu-benches' gpu-small-kernels on an A100 80GB: 3.3 us a DRAM-streaming kernel, 1.3 us an
+    # L2-resident one) x the 11-13 kernels a compiled decode layer launches is 26-33 us of it: the rest has no
+    # source (docs/estimate_log.md, "The decode step's per-layer overhead against a measured kernel startup")
     decode_layer_overhead_us: float = 55.0
 
 
