@@ -305,6 +305,15 @@ def test_values_of_other_months_that_cannot_be_expressed(era, edits, words):
         compat.convert(_variant(era, edits), "variant.toml")
 
 
+def test_schedules_the_converter_knows_are_the_configs_and_the_pipelines():
+    """One list of schedules: the converter takes its names from the config's Literal, which must be the
+    pipeline's table, and its multi-stage ones (given 2 stages a rank, as torchtitan does) that table's column."""
+    from torchtitan.parallel.pipeline import SCHEDULES
+
+    assert compat._SCHEDULES == tuple(SCHEDULES)
+    assert set(compat._MULTI_STAGE) == {name for name, (_, multi, _, _) in SCHEDULES.items() if multi}
+
+
 @pytest.mark.parametrize(
     "name, flavor, shape",
     [

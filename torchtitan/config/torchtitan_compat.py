@@ -33,6 +33,7 @@ from typing import Any
 
 from torchtitan.errors import UserError
 
+from .job_config import Parallelism
 from .torchtitan_keys import (
     _ANY,
     CONVERTER,
@@ -101,7 +102,9 @@ _MARKERS = {
 
 # torchtitan's flavors of llama3 that ours shares; their shape differences by era are written as overrides.
 _FLAVORS = ("debugmodel", "8B", "70B", "405B")
-_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+# the schedules our config accepts (its Literal); those that hold several stages a rank are
+# torchtitan.parallel.pipeline.SCHEDULES' second column (tests/test_torchtitan_compat.py checks the two agree)
+_SCHEDULES = typing.get_args(typing.get_type_hints(Parallelism)["pipeline_parallel_schedule"])
 _MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 
 
