@@ -526,6 +526,10 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"mi300x_8b_fsdp8_b1_{r}_torchao", "tokens/s/device"): _MI300X
         for r in ("bf16", "tensorwise", "rowwise")
     },
+    ("mi300x_8b_fsdp8_b1_sac_op_eager_gpuaidev", "tokens/s/device"): "AMD's AI Developer Hub torchtitan run"
+    " (+45.0 %, out of sample, session 55): the same model, layout, batch and AC as torchao's MI300X rows, eager, on"
+    " torch 2.7.0.dev of 2025-03 (AOTriton's SDPA), estimated as far above its figure as they are; "
+    + _MI300X,
     ("a100x2_llama31_70b_bf16_tp2", "decode tokens/s"): _GPT_FAST_70B_TP2,
     ("a100x8_llama31_405b_int8_tp8", "decode tokens/s"): _GPT_FAST_405B,
     **{
