@@ -32,7 +32,9 @@ _MI300X = (
     " gap is common to all three): flash attention at CK FA2's published MI300X plateaus (an upper bound for"
     " SDPA's AOTriton), float8 at hipBLASLt's published 8192^3 rate, RCCL rings at the measured 8-GPU bus"
     " bandwidth, but the bf16 GEMM rate is the MAMF measured with PYTORCH_TUNABLEOP_ENABLED=1 (668 TFLOPS) and the"
-    " torchtitan run did not tune; no untuned figure at these shapes is published. AMD's own characterization of"
+    " torchtitan run did not tune; no untuned MI300X figure at these shapes is published (on the MI325X an untuned"
+    " torch.matmul at 8192^3, HipKittens f09e968 under ROCm 7.0's preview, 785.3 TFLOPS, equals its TunableOp MAMF,"
+    " 784.9: tuning is not plainly what is missing). AMD's own characterization of"
     " this workload (Llama 3 8B, FSDP, 8 x MI300X; Kurzynski, Aga, Wu, arXiv 2512.08242) names clock frequency"
     " (DVFS) as the largest loss against theoretical throughput; its figures were not readable here. A lead (session"
     " 29): the run's torch 2.9.0.dev of 2025-08 had AOTriton 0.10b, whose SDPA backward is Triton kernels that"
@@ -1127,13 +1129,24 @@ def test_blackwell_cudnn_attention_at_head_dim_64_is_the_measured_blackwell_rati
 
     ratio = 979.0 / 1428.0
     assert rates.BLACKWELL_CUDNN_D64_RATIO == pytest.approx(ratio, rel=1e-12)
-    fa4_pairs = [(776, 1145), (982, 1382), (1112, 1559), (1179, 1646), (1218, 1745), (460, 785), (699, 1132), (904, 1381)]
+    fa4_pairs = [
+        (776, 1145),
+        (982, 1382),
+        (1112, 1559),
+        (1179, 1646),
+        (1218, 1745),
+        (460, 785),
+        (699, 1132),
+        (904, 1381),
+    ]
     assert min(a / b for a, b in fa4_pairs) < ratio < 0.72
     for part in ("B200", "GB200", "B300", "GB300"):
         for seq in (768, 2048, 8192, 32768):
             for backward in (False, True):
                 for causal in (True, False):
-                    at = functools.partial(rates.attention_fraction, part, seq, backward, causal, backend="cudnn")
+                    at = functools.partial(
+                        rates.attention_fraction, part, seq, backward, causal, backend="cudnn"
+                    )
                     assert at(head_dim=64) == pytest.approx(at(head_dim=128) * ratio, rel=1e-12)
                     assert at(head_dim=32) == pytest.approx(at(head_dim=64), rel=1e-12)
                     assert at(head_dim=256) == pytest.approx(at(head_dim=128), rel=1e-12)
