@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import import_script
 from torchtitan.estimate import validation
 from torchtitan.estimate.trace_terms import TERMS, classify, compare, estimated_terms, trace_terms
 
@@ -167,29 +168,41 @@ def test_cuda_trace_kernels_by_launching_op_and_exposed_communication(tmp_path):
     assert sum(t.values()) == pytest.approx(m["step_s"])
 
 
-def test_not_a_trace_is_one_line_exit_2(tmp_path):
+def _step_terms_fails(argv: list[str], capsys) -> str:
+    """scripts/step_terms.py's main() on argv: exit 2 and one stderr line, returned."""
+    assert import_script("step_terms").main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_not_a_trace_is_one_line_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     no_step = _write(tmp_path, [_x("aten::mm", 0, 10)])
     for path in (bad, no_step, tmp_path / "missing.json"):
-        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_terms.py"), str(path)],
-                           capture_output=True, text=True)  # fmt: skip
-        assert r.returncode == 2, r.stderr
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0], r.stderr
+        assert str(path) in _step_terms_fails([str(path)], capsys)
+    # the command itself (one start-up of torch; the cases above run its main() in this process)
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_terms.py"), str(bad)],
+                       capture_output=True, text=True)  # fmt: skip
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {bad}"), r.stderr
 
 
-def test_an_estimate_that_is_not_a_training_estimate_is_one_line_exit_2(tmp_path):
+def test_an_estimate_that_is_not_a_training_estimate_is_one_line_exit_2(tmp_path, capsys):
     trace = _write(tmp_path, [_x("ProfilerStep#1", 0, 10, cat="user_annotation")])
     partial = '{"compute_detail_s": {}, "step_time_breakdown_s": {}, "step_time_s": 1.0}'
+    est = tmp_path / "est.json"
     for text in ("[]", "{}", '{"compute_detail_s": {}}', partial, "not json"):
-        est = tmp_path / "est.json"
         est.write_text(text)
-        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_terms.py"), str(trace), "--estimate",
-                            str(est)], capture_output=True, text=True)  # fmt: skip
-        assert r.returncode == 2, (text, r.stderr)
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and str(est) in lines[0] and "training estimate" in lines[0], r.stderr
+        line = _step_terms_fails([str(trace), "--estimate", str(est)], capsys)
+        assert str(est) in line and "training estimate" in line, (text, line)
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_terms.py"), str(trace), "--estimate", str(est)],
+                       capture_output=True, text=True)  # fmt: skip
+    lines = r.stderr.strip().splitlines()
+    assert (
+        r.returncode == 2 and len(lines) == 1 and str(est) in lines[0] and "training estimate" in lines[0]
+    ), r.stderr
 
 
 def test_compare_lines_against_a_stored_cpu_estimate(tmp_path):
