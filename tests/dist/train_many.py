@@ -20,6 +20,7 @@ kernel first (tests/cp_cpu_kernel.py), so context-parallel layouts run too.
 """
 
 import contextlib
+import faulthandler
 import gc
 import io
 import json
@@ -41,6 +42,9 @@ from torchtitan.parallel.distributed import exit_process  # noqa: E402
 from torchtitan.train import main  # noqa: E402
 
 if __name__ == "__main__":
+    # a rank killed by a signal (SIGSEGV, once, in the CP parity runs' shared torchrun) prints its Python stack
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     cp_cpu_kernel.install()
     together = "--together" in sys.argv[2:]
     results = []
