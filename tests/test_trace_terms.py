@@ -16,6 +16,7 @@ from torchtitan.estimate import validation
 from torchtitan.estimate.trace_terms import TERMS, classify, compare, estimated_terms, trace_terms
 
 ROOT = Path(__file__).resolve().parents[1]
+STEP_TERMS = import_script("step_terms")  # its main(), for the bad-input cases
 
 
 @pytest.mark.parametrize(
@@ -170,7 +171,7 @@ def test_cuda_trace_kernels_by_launching_op_and_exposed_communication(tmp_path):
 
 def _step_terms_fails(argv: list[str], capsys) -> str:
     """scripts/step_terms.py's main() on argv: exit 2 and one stderr line, returned."""
-    assert import_script("step_terms").main(argv) == 2
+    assert STEP_TERMS.main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     return lines[0]
