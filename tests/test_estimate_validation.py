@@ -639,6 +639,14 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("h100_8b_fsdp2_tp4_b1_sac_op_eager_float8_sp_pr275", "tokens/s/device"): _PR275_EAGER,
     ("gb200_8b_fsdp2_pp4_b8_s8192_sac_op_eager_baisya", "memory GiB"): _BAISYA_PP_EAGER_MEM,
     ("h100_ultrascale_1b_mha_ddp64_b2_ga2_none_eager", "tokens/s/device"): _ULTRASCALE_ANOMALY,
+    ("h100_d256l6_mha_fsdp8_b8_s2048_sac2_eager_issue1293", "tokens/s/device"): (
+        "torchtitan#1293's debug model on FSDP 8 H100s (dim 256, 6 layers: 5.7 M parameters; twenty-ninth pass):"
+        " 517,539 tokens/s published, 1,282,209 estimated (+147.8 %). The estimate prices the step's GPU work,"
+        " 12.8 ms for 8 x 2048 tokens; the published step is 31.7 ms. At this size the eager host issues kernels"
+        " slower than the GPU runs them, and the estimator has no host term (session 55's what-if, 8.1 us an"
+        " operator measured on this project's H200, found no other row host-bound). The same issue's dim-4096"
+        " model on the same run fits (+9.0 %): not priced"
+    ),
 }
 
 
