@@ -169,12 +169,25 @@ def test_cuda_trace_kernels_by_launching_op_and_exposed_communication(tmp_path):
     assert sum(t.values()) == pytest.approx(m["step_s"])
 
 
-def _step_terms_fails(argv: list[str], capsys) -> str:
-    """scripts/step_terms.py's main() on argv: exit 2 and one stderr line, returned."""
-    assert STEP_TERMS.main(argv) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+def _one_error_line(rc: int, err: str) -> str:
+    """The bad-input contract of scripts/step_terms.py: exit 2 and one stderr line "error: ...", returned."""
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), (rc, err)
     return lines[0]
+
+
+def _step_terms_fails(argv: list[str], capsys) -> str:
+    """step_terms' main() on argv in this process (no torch start-up per case)."""
+    rc = STEP_TERMS.main(argv)
+    return _one_error_line(rc, capsys.readouterr().err)
+
+
+def _step_terms_command_fails(argv: list[str]) -> str:
+    """The command itself, once per kind of bad input: what a user runs, traceback-free."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "step_terms.py"), *argv], capture_output=True, text=True
+    )
+    return _one_error_line(r.returncode, r.stderr)
 
 
 def test_not_a_trace_is_one_line_exit_2(tmp_path, capsys):
@@ -183,11 +196,7 @@ def test_not_a_trace_is_one_line_exit_2(tmp_path, capsys):
     no_step = _write(tmp_path, [_x("aten::mm", 0, 10)])
     for path in (bad, no_step, tmp_path / "missing.json"):
         assert str(path) in _step_terms_fails([str(path)], capsys)
-    # the command itself (one start-up of torch; the cases above run its main() in this process)
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_terms.py"), str(bad)],
-                       capture_output=True, text=True)  # fmt: skip
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {bad}"), r.stderr
+    assert _step_terms_command_fails([str(bad)]).startswith(f"error: {bad}")
 
 
 def test_an_estimate_that_is_not_a_training_estimate_is_one_line_exit_2(tmp_path, capsys):
@@ -198,12 +207,8 @@ def test_an_estimate_that_is_not_a_training_estimate_is_one_line_exit_2(tmp_path
         est.write_text(text)
         line = _step_terms_fails([str(trace), "--estimate", str(est)], capsys)
         assert str(est) in line and "training estimate" in line, (text, line)
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "step_terms.py"), str(trace), "--estimate", str(est)],
-                       capture_output=True, text=True)  # fmt: skip
-    lines = r.stderr.strip().splitlines()
-    assert (
-        r.returncode == 2 and len(lines) == 1 and str(est) in lines[0] and "training estimate" in lines[0]
-    ), r.stderr
+    line = _step_terms_command_fails([str(trace), "--estimate", str(est)])
+    assert str(est) in line and "training estimate" in line, line
 
 
 def test_compare_lines_against_a_stored_cpu_estimate(tmp_path):
