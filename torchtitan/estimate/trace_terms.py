@@ -15,8 +15,9 @@ rank<r>_step<N>.json, one step between its `ProfilerStep#` marks) and sums the s
 
 Terms, first match from the innermost event outwards (ops are named as torch.profiler names them):
   optimizer      inside `Optimizer.step` / `Optimizer.zero_grad`, and gradient clipping's norms
-  communication  c10d collectives, NCCL kernels, DTensor's redistribute, FSDP2's hooks (their waits on the
-                 collectives: on CPU gloo runs on its own threads and the main thread waits inside these)
+  communication  c10d collectives and everything inside them (the fake backend's stand-in copies), NCCL kernels,
+                 DTensor's redistribute, FSDP2's hooks (their waits on the collectives: on CPU gloo runs on its own
+                 threads and the main thread waits inside these)
   attention      scaled_dot_product_attention and its flash / efficient / cuDNN kernels
   loss           log-softmax, NLL, cross-entropy
   matmul         mm, addmm, bmm, baddbmm, _scaled_mm (and GEMM kernels by name)
@@ -44,6 +45,9 @@ _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#|linalg_vector_norm|_fore
 # op and annotation names (torch.profiler's cpu_op / user_annotation events)
 _COMM = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|Redistribute|FSDP::)"
                    r"|RegisterPostBackward|wait_tensor")  # fmt: skip
+# the collective ops themselves: an aten op inside one is the collective's own work (the fake backend's stand-in
+# copies of `--comm.mode=fake_backend`, a CPU backend's buffer copies), not the model's
+_COLLECTIVE = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms)")
 _ATTENTION = re.compile(r"^aten::_?(scaled_dot_product|flash_attention|efficient_attention|cudnn_attention)")
 _LOSS = re.compile(r"^aten::(_log_softmax|log_softmax|_log_softmax_backward_data|nll_loss|cross_entropy)")
 _MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_mm|_addmm_activation)$")
@@ -70,7 +74,8 @@ def classify(stack: list[str], kernel: str | None = None, subclass: bool = False
     """The term of an instant whose enclosing events are `stack` (outermost first) and, on a device, `kernel`
     (its name; None for a CPU trace). From the innermost event outwards: a compute op decides; an aten op that is
     none of them is elementwise unless an op around it is (aten::copy_ inside cross-entropy is the loss's); a
-    collective, redistribute or FSDP hook decides only for time not inside an aten op (the wait). On a CPU the
+    redistribute or FSDP hook decides only for time not inside an aten op (the wait), a c10d collective op for
+    everything inside it (its own work: the fake backend's stand-in copies). On a CPU the
     own time of an op that only makes views or allocates, of a composite whose work its inner ops do (linear,
     _to_copy, the CPU's composite RMSNorm, ...) and of a tensor subclass's op that calls the same op (or Python)
     for its local tensor (`subclass`: DTensor's sharding propagation) is `host`."""
@@ -84,6 +89,8 @@ def classify(stack: list[str], kernel: str | None = None, subclass: bool = False
                               (_K_MATMUL, "matmul")):  # fmt: skip
             if pattern.search(kernel):
                 return term
+    if any(_COLLECTIVE.search(n) for n in stack):
+        return "communication"
     inside_op = kernel is not None  # a kernel is device work: elementwise unless something says otherwise
     for name in reversed(stack):
         for pattern, term in ((_ATTENTION, "attention"), (_LOSS, "loss"), (_MATMUL, "matmul")):
