@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""The bandwidth FSDP2's own copies reach in one recorded CUDA training step (the measurement behind
+torchtitan/estimate/rates.py's FSDP_COPY_FRACTIONS).
+
+torch's fully_shard does three kinds of memory-bound work on the compute stream around its collectives
+(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py):
+
+  gather_copy_in   before each all-gather: the rank's shards cast to the parameter dtype and copied into the flat
+                   send buffer (aten::_foreach_copy_ inside FSDP::all_gather: two passes over the shard)
+  copy_out         after it: the gathered buffer split into the unsharded parameters (aten::split_with_sizes_copy)
+  reduce_copy_in   before each reduce-scatter: the unsharded gradients cast into the flat buffer in the reduce dtype
+                   (aten::_chunk_cat)
+
+For each kind this sums the device time of the kernels those ops launched in the step (torch.profiler's
+correlation ids) and the bytes they moved: every element read in its source dtype and written in its destination
+dtype, the dtypes taken from the kernel's template arguments (chunk_cat_cuda_kernel<dst, src>,
+CopyFunctor<dst, src>) or the op's recorded input type, the element counts from the op's recorded input shapes.
+
+    python scripts/fsdp_copy_rates.py TRACE [--peak-gbps 4800]
+
+TRACE is a trainer's CUDA trace (`--profiling.enable_profiling`, <dump>/profile_traces/rank0_stepN.json; a
+simulated rank's from scripts/bench_sim_ranks.py --profile-rows). --peak-gbps adds each kind's fraction of that
+memory bandwidth (the hardware table's figure for the part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+_DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "c10::Float8_e4m3fn": 1}
+_TEMPLATE_DTYPES = re.compile(r"(?:chunk_cat_cuda_kernel|CopyFunctor|UnaryOpFunctor)<([^,>]+)(?:, ([^,>]+))?")
+KINDS = ("gather_copy_in", "copy_out", "reduce_copy_in")
+
+
+def _kind(op: dict, enclosing: list[str]) -> str | None:
+    name = op["name"]
+    if name == "aten::_chunk_cat":
+        return "reduce_copy_in"
+    if name == "aten::split_with_sizes_copy" and any(
+        n.startswith("FSDP::all_gather_copy_out") for n in enclosing
+    ):
+        return "copy_out"
+    if name == "aten::_foreach_copy_" and any(n.startswith("FSDP::all_gather") for n in enclosing):
+        return "gather_copy_in"
+    return None
+
+
+def _numel(op: dict) -> int:
+    dims = op.get("args", {}).get("Input Dims") or [[]]
+    first = dims[0]
+    tensors = first if first and isinstance(first[0], list) else [first]
+    return sum(math.prod(t) for t in tensors if t)
+
+
+def _element_bytes(op: dict, kernel: str) -> int:
+    """Bytes per element a kernel of `op` reads and writes: (source + destination) dtype sizes."""
+    m = _TEMPLATE_DTYPES.search(kernel)
+    if m:
+        dst = _DTYPE_BYTES.get(m.group(1).strip())
+        src = _DTYPE_BYTES.get((m.group(2) or "").strip(), dst)  # UnaryOpFunctor<T, depth, ...>: one dtype
+        if dst:
+            return dst + src
+    recorded = _DTYPE_BYTES.get((op.get("args", {}).get("Input type") or [""])[0])
+    if recorded:
+        return 2 * recorded
+    raise ValueError(f"no dtype for {op['name']}'s kernel {kernel[:80]!r}")
+
+
+def copy_rates(path: str | Path) -> dict[str, dict[str, float]]:
+    """Per kind: kernels launched, seconds of device time and bytes moved in the trace's (longest) profiled step."""
+    try:
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{path}: not a torch.profiler Chrome trace ({e})") from None
+    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    if not steps:
+        raise ValueError(
+            f"{path}: no ProfilerStep# event: record it with the trainer's --profiling.enable_profiling"
+        )
+    step = max(steps, key=lambda e: e["dur"])
+    t0, t1 = step["ts"], step["ts"] + step["dur"]
+    kernels = {e["args"]["correlation"]: e for e in events
+               if e.get("ph") == "X" and e.get("cat") == "kernel" and "correlation" in e.get("args", {})}  # fmt: skip
+    if not kernels:
+        raise ValueError(f"{path}: no CUDA kernels: a CPU trace has no device copies to time")
+    launches = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and e.get("args", {}).get("correlation") in kernels and t0 <= e["ts"] < t1]  # fmt: skip
+    spans = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
+             and t0 <= e["ts"] < t1]  # fmt: skip
+    out = {k: {"kernels": 0, "seconds": 0.0, "bytes": 0.0} for k in KINDS}
+    ops = sorted((e for e in spans if e["name"] in ("aten::_chunk_cat", "aten::split_with_sizes_copy",
+                                                   "aten::_foreach_copy_")), key=lambda e: e["ts"])  # fmt: skip
+    for op in ops:
+        end = op["ts"] + op["dur"]
+        enclosing = [e["name"] for e in spans if e["tid"] == op["tid"] and e["ts"] <= op["ts"]
+                     and e["ts"] + e["dur"] >= end and e is not op]  # fmt: skip
+        kind = _kind(op, enclosing)
+        if kind is None:
+            continue
+        mine = [kernels[la["args"]["correlation"]] for la in launches
+                if la["tid"] == op["tid"] and op["ts"] <= la["ts"] <= end]  # fmt: skip
+        if not mine:
+            continue
+        out[kind]["kernels"] += len(mine)
+        out[kind]["seconds"] += sum(k["dur"] for k in mine) / 1e6
+        out[kind]["bytes"] += _numel(op) * _element_bytes(op, mine[0]["name"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument("trace", help="a trainer's CUDA profiler trace (<dump>/profile_traces/rank0_stepN.json)")
+    p.add_argument("--peak-gbps", type=float, default=None, help="the part's memory bandwidth, GB/s")
+    a = p.parse_args(argv)
+    try:
+        rates = copy_rates(a.trace)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("kind              kernels        GB        ms     GB/s" + ("  of peak" if a.peak_gbps else ""))
+    for kind, r in rates.items():
+        gbps = r["bytes"] / r["seconds"] / 1e9 if r["seconds"] else float("nan")
+        line = f"{kind:<16} {r['kernels']:8d} {r['bytes'] / 1e9:9.2f} {r['seconds'] * 1e3:9.2f} {gbps:8.0f}"
+        print(line + (f"  {gbps / a.peak_gbps:7.3f}" if a.peak_gbps else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
