@@ -936,3 +936,14 @@ def eager_rms_norm_fraction(device: str, width: float, backward: bool) -> float 
 # the same part sustain 0.75-0.86 (Efficiency.hbm's check). The forward's fraction, taken for the backward too (an
 # assumption: its gradients are written into the same strided halves); on every part, as a fraction of its bandwidth.
 STRIDED_SWIGLU_FRACTION = 0.525
+
+# FSDP2's copies around its collectives (steptime.fsdp_copies), as fractions of the part's memory bandwidth:
+# measured by scripts/fsdp_copy_rates.py on three traced steps of one simulated rank of torchtitan's 8B FSDP 8
+# (seq 4096, batch 1: no AC eager, full AC eager, full AC float8 + compile; docs/performance.md, command f, on an
+# H200, torch 2.11, 2026-12-04). The gather copy-in (the shard's fp32 -> bf16 cast and its copy into the flat send
+# buffer, 280 foreach kernels a step, 19.4 GB) reached 0.298 / 0.301 / 0.361 of the H200's 4,800 GB/s; the reduce
+# copy-in (_chunk_cat of the bf16 gradients into the fp32 send buffer, 48.2 GB) 0.398 / 0.406 / 0.421; the copy-out
+# (split_with_sizes_copy, 62.1 GB) 0.814 / 0.823 / 0.823, the elementwise rate (Efficiency.hbm 0.80). The medians;
+# on every part as a fraction of its bandwidth (an assumption: one part measured).
+FSDP_GATHER_COPY_IN_FRACTION = 0.301
+FSDP_REDUCE_COPY_IN_FRACTION = 0.406

@@ -674,30 +674,47 @@ def fsdp_units(
 
 def fsdp_copies(plan: Plan, r: Rates, rank: int, reduce: bool = True) -> float:
     """Seconds of FSDP2's own memory-bound copies in one gather-and-reduce round of a rank's units (`reduce`:
-    False for a micro-step under no_sync, the copy-outs alone).
+    False for a micro-step under no_sync, the gathers' copies alone).
 
-    torch's fully_shard (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) gathers into one flat buffer and
-    copies it out into the unsharded parameters (split_with_sizes_copy, on the compute stream, before the unit can
-    run): every gathered byte read and written again, once forward and once more for the backward re-gather. For
-    the reduce-scatter it copies the unsharded gradients into the flat send buffer in the reduce dtype (gradient
-    bytes read, reduce-dtype bytes written); recent torch does this on the compute stream before handing the
-    buffer to the reduce-scatter stream (older versions on the reduce-scatter stream, where it still shares the
-    HBM and SMs with the compute). Counted as serial memory-bound work; the sharded side (1/n) is neglected.
+    torch's fully_shard (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), on the compute stream, serial
+    with the compute (scripts/fsdp_copy_rates.py times each kind in a trace):
+      gather copy-in   before each all-gather the rank's shard is cast to the gathered dtype (fp32 master weights
+                       only; a float8 weight's cast is priced with the float8 casts) and copied into the flat send
+                       buffer: two foreach passes over 1/n of the unit, at rates.FSDP_GATHER_COPY_IN_FRACTION
+      copy-out         after it the flat buffer is split into the unsharded parameters (split_with_sizes_copy):
+                       every gathered byte read and written again, once forward and once more for each backward
+                       re-gather, at the elementwise rate (r.hbm; measured 0.81-0.82 of an H200's bandwidth)
+      reduce copy-in   before each reduce-scatter the unsharded gradients are copied into the flat send buffer in
+                       the reduce dtype (_chunk_cat: gradient bytes read, reduce-dtype bytes written), at
+                       rates.FSDP_REDUCE_COPY_IN_FRACTION; recent torch runs it on the compute stream (older
+                       versions on the reduce-scatter stream, where it still shares the HBM and SMs)
+    The reduce-scatter's sharded output (1/n) is neglected.
     """
     d = plan.dims
     if (plan.fsdp_degree == 1 and d.dp_replicate == 1) or plan.hw.is_cpu:
         return 0.0
-    gb = gather_bytes(plan, fp8_param_share(plan))
+    share = fp8_param_share(plan)
+    gb = gather_bytes(plan, share)
     n_blocks, has_emb, has_head = plan.rank_layers()[rank]
     b = plan.act_bytes
     gathers = 1 + fsdp_regathers(plan)
     blocks = n_blocks * plan.block_params()
     emb = plan.embedding_params() if has_emb else 0
-    head = plan.head_params() if has_head else 0  # stays gathered for backward: one copy-out
-    # a shard group of one (replication only) has nothing to gather
-    copy_out = 2 * (blocks * gb * gathers + emb * b * gathers + head * b) if plan.fsdp_degree > 1 else 0.0
-    copy_in = (blocks + emb + head) * (b + plan.reduce_bytes) if reduce else 0.0
-    return (copy_out + copy_in) / r.hbm
+    head = plan.head_params() if has_head else 0  # stays gathered for backward: one gather
+    peak = plan.hw.hbm_gbps * 1e9
+    out = 0.0
+    if plan.fsdp_degree > 1:  # a shard group of one (replication only) has nothing to gather
+        block_gb, other_gb = gb, b
+        cast = plan.param_bytes + b if plan.param_bytes != b else 0.0
+        block_cast = cast * (1 - share) if plan.float8_all_gather else cast
+        gathered = blocks * gathers * block_gb + emb * gathers * other_gb + head * other_gb
+        shard_cast = (blocks * gathers * block_cast + (emb * gathers + head) * cast) / plan.fsdp_degree
+        out += 2 * gathered / r.hbm  # copy-out
+        out += (shard_cast + 2 * gathered / plan.fsdp_degree) / (rates.FSDP_GATHER_COPY_IN_FRACTION * peak)
+    if reduce:
+        grads = (blocks + emb + head) * (b + plan.reduce_bytes)
+        out += grads / (rates.FSDP_REDUCE_COPY_IN_FRACTION * peak)
+    return out
 
 
 def unsharded_grad_accumulation(plan: Plan, r: Rates, params: float) -> float:

@@ -1,0 +1,126 @@
+"""FSDP2's own copies timed in a CUDA trace (scripts/fsdp_copy_rates.py) and the estimator's pricing of them
+(steptime.fsdp_copies, rates.FSDP_*_COPY_IN_FRACTION): the script on a trace written by hand, so every byte and
+microsecond is known; the estimator's bytes against the ones the script counted in the H200 traces the fractions
+come from (docs/performance.md, command f)."""
+
+import json
+import statistics
+
+import pytest
+
+from conftest import import_script
+from torchtitan.config import parse_args
+from torchtitan.estimate import rates, steptime
+from torchtitan.estimate.plan import build_plan
+
+RATES = import_script("fsdp_copy_rates")
+
+
+def _x(name, ts, dur, cat="cpu_op", tid=1, **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1, "cat": cat, "args": args}
+
+
+def _launch(ts, corr, kernel_ts, dur, kernel):
+    return [_x("cudaLaunchKernel", ts, 1, cat="cuda_runtime", correlation=corr),
+            _x(kernel, kernel_ts, dur, cat="kernel", tid=7, correlation=corr)]  # fmt: skip
+
+
+def _trace(tmp_path):
+    shard = [[1000], [500]]  # two parameters' shards: 1,500 elements
+    events = [
+        _x("ProfilerStep#7", 0, 10_000, cat="user_annotation"),
+        _x("FSDP::all_gather (layers.0)", 100, 400, cat="user_annotation"),
+        _x("aten::_foreach_copy_", 110, 50, **{"Input Dims": [shard, shard, []]}),  # the fp32 -> bf16 cast
+        *_launch(
+            120,
+            1,
+            1000,
+            3,
+            "void multi_tensor_apply_kernel<TensorListMetadata<2>, CopyFunctor<c10::BFloat16, float, 2, 1, 1>>",
+        ),  # noqa: E501
+        _x("fsdp::all_gather_copy_in", 200, 100, cat="user_annotation"),
+        _x(
+            "aten::_foreach_copy_", 210, 50, **{"Input Dims": [shard, shard, []]}
+        ),  # bf16 into the flat buffer
+        *_launch(
+            220,
+            2,
+            1010,
+            2,
+            "void multi_tensor_apply_kernel<TensorListMetadata<2>, UnaryOpFunctor<c10::BFloat16, 2, 1, 1>>",
+        ),  # noqa: E501
+        _x("FSDP::all_gather_copy_out (layers.0)", 600, 100, cat="user_annotation"),
+        _x(
+            "aten::split_with_sizes_copy",
+            610,
+            80,
+            **{"Input Dims": [[8, 1500], [], [], []], "Input type": ["c10::BFloat16", "", "", ""]},
+        ),  # fmt: skip
+        *_launch(620, 3, 1020, 5, "split_with_sizes_copy_out_contiguous_no_cast_kernel(char**)"),
+        _x("aten::_chunk_cat", 2000, 100, **{"Input Dims": [[[4000, 2], [4000]], [], [], [8, 1500]]}),
+        *_launch(2010, 4, 3000, 10, "void at::native::detail::chunk_cat_cuda_kernel<float, c10::BFloat16>"),
+        _x("Optimizer.step#AdamW.step", 5000, 100, cat="user_annotation"),
+        _x("aten::_foreach_copy_", 5010, 50, **{"Input Dims": [shard, shard, []]}),  # not FSDP's
+        *_launch(5020, 5, 6000, 7, "void multi_tensor_apply_kernel<CopyFunctor<float, float, 2, 1, 1>>"),
+        _x("aten::_chunk_cat", 20_000, 100, **{"Input Dims": [[[4000]], [], [], [8, 500]]}),  # after the step
+        *_launch(
+            20_010, 6, 21_000, 10, "void at::native::detail::chunk_cat_cuda_kernel<float, c10::BFloat16>"
+        ),
+    ]
+    p = tmp_path / "rank0_step7.json"
+    p.write_text(json.dumps({"traceEvents": events}))
+    return p
+
+
+def test_sums_each_kind_by_its_ops_kernels_and_dtypes(tmp_path):
+    got = RATES.copy_rates(_trace(tmp_path))
+    assert got["gather_copy_in"] == {
+        "kernels": 2,
+        "seconds": pytest.approx(5e-6),
+        "bytes": 1500 * (2 + 4) + 1500 * 4,
+    }
+    assert got["copy_out"] == {"kernels": 1, "seconds": pytest.approx(5e-6), "bytes": 8 * 1500 * 4}
+    assert got["reduce_copy_in"] == {"kernels": 1, "seconds": pytest.approx(10e-6), "bytes": 12_000 * (4 + 2)}
+
+
+def test_command_prints_rates_and_rejects_a_cpu_trace(tmp_path, capsys):
+    assert RATES.main([str(_trace(tmp_path)), "--peak-gbps", "100"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    reduce = next(line for line in out if line.startswith("reduce_copy_in")).split()
+    assert reduce[1:] == ["1", "0.00", "0.01", "7", "0.072"]  # 72,000 bytes in 10 us: 7.2 GB/s of 100
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps({"traceEvents": [_x("ProfilerStep#1", 0, 10, cat="user_annotation")]}))
+    assert RATES.main([str(cpu)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(cpu) in err[0] and "no CUDA kernels" in err[0]
+
+
+# scripts/fsdp_copy_rates.py on the three traces of docs/performance.md command f (one simulated rank of the 8B at
+# FSDP 8, seq 4096, batch 1, on an H200: no AC eager, full AC eager, full AC float8 + compile): GB and ms per kind
+H200_TRACES = {
+    "gather_copy_in": (19.42, (13.45, 13.59, 11.20)),
+    "copy_out": (62.14, (15.72, 15.90, 15.73)),
+    "reduce_copy_in": (48.18, (24.75, 25.24, 23.87)),
+}
+
+
+def test_fractions_are_the_measured_medians_and_the_estimator_counts_the_traced_bytes():
+    peak = 4800e9  # the hardware table's H200
+    for kind, constant in (("gather_copy_in", rates.FSDP_GATHER_COPY_IN_FRACTION),
+                           ("reduce_copy_in", rates.FSDP_REDUCE_COPY_IN_FRACTION)):  # fmt: skip
+        gb, ms = H200_TRACES[kind]
+        assert constant == pytest.approx(statistics.median(gb * 1e9 / (t / 1e3) / peak for t in ms), abs=1e-3)
+    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--model.flavor=8B",
+                      "--training.seq_len=4096", "--training.local_batch_size=1",
+                      "--activation_checkpoint.mode=none", "--estimate.hardware=h200",
+                      "--estimate.num_devices=8"])  # fmt: skip
+    plan = build_plan(cfg)
+    r = steptime.Rates(plan)
+    # each kind's bytes at its rate, from the traced byte counts: the estimator's accounting must give the same
+    want = (H200_TRACES["gather_copy_in"][0] / rates.FSDP_GATHER_COPY_IN_FRACTION / peak
+            + H200_TRACES["copy_out"][0] / r.hbm
+            + H200_TRACES["reduce_copy_in"][0] / rates.FSDP_REDUCE_COPY_IN_FRACTION / peak) * 1e9  # fmt: skip
+    assert steptime.fsdp_copies(plan, r, 0) == pytest.approx(want, rel=0.01)
+    # and the step's measured copies (the no-AC trace's 53.9 ms) within 5 %
+    measured = sum(ms[0] for _, ms in H200_TRACES.values()) / 1e3
+    assert steptime.fsdp_copies(plan, r, 0) == pytest.approx(measured, rel=0.05)
