@@ -69,7 +69,11 @@ STEP_TERMS = import_script("step_terms")  # its main(), for the bad-input cases
             "Memcpy DtoD (Device -> Device)",
             "communication",
         ),  # the fake backend's stand-in for the all-gather
-        (["FSDP::all_gather (layers.0)", "fsdp::all_gather_copy_in", "aten::_foreach_copy_"], "memcpy", "elementwise"),
+        (
+            ["FSDP::all_gather (layers.0)", "fsdp::all_gather_copy_in", "aten::_foreach_copy_"],
+            "memcpy",
+            "elementwise",
+        ),
         (["aten::mm"], "sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"),
         (["aten::linear", "aten::addmm"], "nvjet_tst_128x256_64x4", "matmul"),
         (["aten::add"], "void at::native::vectorized_elementwise_kernel<4>", "elementwise"),
