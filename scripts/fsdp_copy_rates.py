@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """The bandwidth FSDP2's own copies reach in one recorded CUDA training step (the measurement behind
-torchtitan/estimate/rates.py's FSDP_COPY_FRACTIONS).
+torchtitan/estimate/rates.py's FSDP_GATHER_COPY_IN_FRACTION and
+FSDP_REDUCE_COPY_IN_FRACTION).
 
 torch's fully_shard does three kinds of memory-bound work on the compute stream around its collectives
 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py):

@@ -37,25 +37,23 @@ def _trace(tmp_path):
             1000,
             3,
             "void multi_tensor_apply_kernel<TensorListMetadata<2>, CopyFunctor<c10::BFloat16, float, 2, 1, 1>>",
-        ),  # noqa: E501
+        ),
         _x("fsdp::all_gather_copy_in", 200, 100, cat="user_annotation"),
-        _x(
-            "aten::_foreach_copy_", 210, 50, **{"Input Dims": [shard, shard, []]}
-        ),  # bf16 into the flat buffer
+        _x("aten::_foreach_copy_", 210, 50, **{"Input Dims": [shard, shard, []]}),  # into the flat buffer
         *_launch(
             220,
             2,
             1010,
             2,
             "void multi_tensor_apply_kernel<TensorListMetadata<2>, UnaryOpFunctor<c10::BFloat16, 2, 1, 1>>",
-        ),  # noqa: E501
+        ),
         _x("FSDP::all_gather_copy_out (layers.0)", 600, 100, cat="user_annotation"),
         _x(
             "aten::split_with_sizes_copy",
             610,
             80,
             **{"Input Dims": [[8, 1500], [], [], []], "Input type": ["c10::BFloat16", "", "", ""]},
-        ),  # fmt: skip
+        ),
         *_launch(620, 3, 1020, 5, "split_with_sizes_copy_out_contiguous_no_cast_kernel(char**)"),
         _x("aten::_chunk_cat", 2000, 100, **{"Input Dims": [[[4000, 2], [4000]], [], [], [8, 1500]]}),
         *_launch(2010, 4, 3000, 10, "void at::native::detail::chunk_cat_cuda_kernel<float, c10::BFloat16>"),

@@ -704,10 +704,9 @@ def fsdp_copies(plan: Plan, r: Rates, rank: int, reduce: bool = True) -> float:
     peak = plan.hw.hbm_gbps * 1e9
     out = 0.0
     if plan.fsdp_degree > 1:  # a shard group of one (replication only) has nothing to gather
-        block_gb, other_gb = gb, b
         cast = plan.param_bytes + b if plan.param_bytes != b else 0.0
         block_cast = cast * (1 - share) if plan.float8_all_gather else cast
-        gathered = blocks * gathers * block_gb + emb * gathers * other_gb + head * other_gb
+        gathered = blocks * gathers * gb + emb * gathers * b + head * b
         shard_cast = (blocks * gathers * block_cast + (emb * gathers + head) * cast) / plan.fsdp_degree
         out += 2 * gathered / r.hbm  # copy-out
         out += (shard_cast + 2 * gathered / plan.fsdp_degree) / (rates.FSDP_GATHER_COPY_IN_FRACTION * peak)
