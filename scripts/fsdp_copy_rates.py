@@ -27,11 +27,14 @@ memory bandwidth (the hardware table's figure for the part).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from torchtitan.estimate.trace_terms import load_events, step_window  # noqa: E402
 
 _DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "c10::Float8_e4m3fn": 1}
 _TEMPLATE_DTYPES = re.compile(r"(?:chunk_cat_cuda_kernel|CopyFunctor|UnaryOpFunctor)<([^,>]+)(?:, ([^,>]+))?")
@@ -74,17 +77,8 @@ def _element_bytes(op: dict, kernel: str) -> int:
 
 def copy_rates(path: str | Path) -> dict[str, dict[str, float]]:
     """Per kind: kernels launched, seconds of device time and bytes moved in the trace's (longest) profiled step."""
-    try:
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"{path}: not a torch.profiler Chrome trace ({e})") from None
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
-    if not steps:
-        raise ValueError(
-            f"{path}: no ProfilerStep# event: record it with the trainer's --profiling.enable_profiling"
-        )
-    step = max(steps, key=lambda e: e["dur"])
-    t0, t1 = step["ts"], step["ts"] + step["dur"]
+    events = load_events(path)
+    t0, t1, _ = step_window(events, path)
     kernels = {e["args"]["correlation"]: e for e in events
                if e.get("ph") == "X" and e.get("cat") == "kernel" and "correlation" in e.get("args", {})}  # fmt: skip
     if not kernels:

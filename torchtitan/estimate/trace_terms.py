@@ -104,14 +104,16 @@ def classify(stack: list[str], kernel: str | None = None, subclass: bool = False
     return "elementwise" if inside_op else "host"
 
 
-def _load(path: str | Path) -> list[dict]:
+def load_events(path: str | Path) -> list[dict]:
+    """A torch.profiler Chrome trace's events (ValueError naming the file if it is not one)."""
     try:
         return json.loads(Path(path).read_text())["traceEvents"]
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"{path}: not a torch.profiler Chrome trace ({e})") from None
 
 
-def _step_window(events: list[dict], path) -> tuple[float, float, object]:
+def step_window(events: list[dict], path) -> tuple[float, float, object]:
+    """The recorded step (the longest `ProfilerStep#` mark): its start and end, in us, and its thread."""
     steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:
         raise ValueError(
@@ -258,8 +260,8 @@ def _cuda_terms(events: list[dict], t0: float, t1: float) -> dict[str, float]:
 
 def trace_terms(path: str | Path) -> dict:
     """The recorded step's seconds by term (`terms`), its length (`step_s`) and the trace's kind (`device`)."""
-    events = _load(path)
-    t0, t1, tid = _step_window(events, path)
+    events = load_events(path)
+    t0, t1, tid = step_window(events, path)
     cuda = any(e.get("cat") == "kernel" for e in events)
     terms = _cuda_terms(events, t0, t1) if cuda else _cpu_terms(events, t0, t1, tid)
     return {"device": "cuda" if cuda else "cpu", "step_s": (t1 - t0) / 1e6, "terms": terms}
