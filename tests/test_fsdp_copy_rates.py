@@ -122,3 +122,38 @@ def test_fractions_are_the_measured_medians_and_the_estimator_counts_the_traced_
     # and the step's measured copies (the no-AC trace's 53.9 ms) within 5 %
     measured = sum(ms[0] for _, ms in H200_TRACES.values()) / 1e3
     assert steptime.fsdp_copies(plan, r, 0) == pytest.approx(measured, rel=0.05)
+
+
+def _copies(*flags):
+    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--model.flavor=8B",
+                      "--training.seq_len=4096", "--training.local_batch_size=1", "--activation_checkpoint.mode=none",
+                      "--estimate.hardware=h200", "--estimate.num_devices=8", *flags])  # fmt: skip
+    plan = build_plan(cfg)
+    return plan, steptime.fsdp_copies(plan, steptime.Rates(plan), 0)
+
+
+def test_the_gather_copy_in_casts_only_what_is_wider_than_it_gathers():
+    """fp32 master weights are cast to bf16 before each gather (4 + 2 bytes per shard element, at the gather copy-in's
+    rate); a bf16 model gathers its parameters as they are; with the float8 all-gather the converted linears are
+    gathered as 1 byte and their cast is a float8 cast (priced with the float8 casts): nothing of a block is cast
+    here, the embedding and the head still are."""
+    plan, fp32 = _copies()
+    _, bf16 = _copies("--estimate.model_dtype=bfloat16")
+    peak = plan.hw.hbm_gbps * 1e9
+    gather_in = rates.FSDP_GATHER_COPY_IN_FRACTION * peak
+    blocks, emb, head = plan.args.n_layers * plan.block_params(), plan.embedding_params(), plan.head_params()
+    # forward, and again for backward: blocks and embedding reshard after forward, the head stays gathered
+    cast_elements = (2 * blocks + 2 * emb + head) / 8
+    assert fp32 - bf16 == pytest.approx(cast_elements * (4 + 2) / gather_in, rel=1e-9)
+
+    plan8, f8 = _copies("--float8.enable=true", "--float8.enable_fsdp_float8_all_gather=true")
+    share = sum(lin.in_features * lin.out_features for lin in plan8.block_linears if lin.float8) / sum(
+        lin.in_features * lin.out_features for lin in plan8.block_linears
+    )
+    assert share == 1  # every block linear converted (the share is of the linears' parameters)
+    gb = share * 1 + (1 - share) * 2  # a block's gathered bytes per parameter
+    gathered = 2 * blocks * gb + 2 * emb * 2 + head * 2
+    cast = (2 * blocks * (1 - share) + 2 * emb + head) * (4 + 2) / 8
+    reduce_in = (blocks + emb + head) * (2 + 4) / (rates.FSDP_REDUCE_COPY_IN_FRACTION * peak)
+    want = 2 * gathered / steptime.Rates(plan8).hbm + (cast + 2 * gathered / 8) / gather_in + reduce_in
+    assert f8 == pytest.approx(want, rel=1e-9)
