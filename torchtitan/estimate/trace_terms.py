@@ -43,11 +43,11 @@ TERMS = ("matmul", "attention", "elementwise", "loss", "communication", "optimiz
 
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#|linalg_vector_norm|_foreach_norm")
 # op and annotation names (torch.profiler's cpu_op / user_annotation events)
-# the collective ops themselves: an aten op inside one is the collective's own work (the fake backend's stand-in
-# copies of `--comm.mode=fake_backend`, a CPU backend's buffer copies), not the model's
-_COLLECTIVE_OPS = r"c10d::|_c10d_functional::|c10d_functional::|record_param_comms"
-_COLLECTIVE = re.compile(rf"^({_COLLECTIVE_OPS})")
-_COMM = re.compile(rf"^({_COLLECTIVE_OPS}|Redistribute|FSDP::)|RegisterPostBackward|wait_tensor")
+# the collective ops themselves: everything inside one is communication, an aten op there too (the collective's own
+# work: the fake backend's stand-in copies of `--comm.mode=fake_backend`, a CPU backend's buffer copies)
+_COLLECTIVE = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms)")
+# what waits on collectives without being one: communication only outside any aten op (their copies are elementwise)
+_COMM = re.compile(r"^(Redistribute|FSDP::)|RegisterPostBackward|wait_tensor")
 _ATTENTION = re.compile(r"^aten::_?(scaled_dot_product|flash_attention|efficient_attention|cudnn_attention)")
 _LOSS = re.compile(r"^aten::(_log_softmax|log_softmax|_log_softmax_backward_data|nll_loss|cross_entropy)")
 _MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_scaled_mm|_addmm_activation)$")
