@@ -93,6 +93,16 @@ def test_command_prints_rates_and_rejects_a_cpu_trace(tmp_path, capsys):
     assert len(err) == 1 and str(cpu) in err[0] and "no CUDA kernels" in err[0]
 
 
+def _copies(*flags):
+    """The traced configuration (8B, FSDP 8, 1 x 4096, no AC) on the table's H200, with `flags`: its plan and the
+    seconds of FSDP2's copies on rank 0."""
+    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--model.flavor=8B",
+                      "--training.seq_len=4096", "--training.local_batch_size=1", "--activation_checkpoint.mode=none",
+                      "--estimate.hardware=h200", "--estimate.num_devices=8", *flags])  # fmt: skip
+    plan = build_plan(cfg)
+    return plan, steptime.fsdp_copies(plan, steptime.Rates(plan), 0)
+
+
 # scripts/fsdp_copy_rates.py on the three traces of docs/performance.md command f (one simulated rank of the 8B at
 # FSDP 8, seq 4096, batch 1, on an H200: no AC eager, full AC eager, full AC float8 + compile): GB and ms per kind
 H200_TRACES = {
@@ -108,28 +118,15 @@ def test_fractions_are_the_measured_medians_and_the_estimator_counts_the_traced_
                            ("reduce_copy_in", rates.FSDP_REDUCE_COPY_IN_FRACTION)):  # fmt: skip
         gb, ms = H200_TRACES[kind]
         assert constant == pytest.approx(statistics.median(gb * 1e9 / (t / 1e3) / peak for t in ms), abs=1e-3)
-    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--model.flavor=8B",
-                      "--training.seq_len=4096", "--training.local_batch_size=1",
-                      "--activation_checkpoint.mode=none", "--estimate.hardware=h200",
-                      "--estimate.num_devices=8"])  # fmt: skip
-    plan = build_plan(cfg)
-    r = steptime.Rates(plan)
+    plan, copies = _copies()  # the traced configuration, on the table's H200
     # each kind's bytes at its rate, from the traced byte counts: the estimator's accounting must give the same
     want = (H200_TRACES["gather_copy_in"][0] / rates.FSDP_GATHER_COPY_IN_FRACTION / peak
-            + H200_TRACES["copy_out"][0] / r.hbm
+            + H200_TRACES["copy_out"][0] / steptime.Rates(plan).hbm
             + H200_TRACES["reduce_copy_in"][0] / rates.FSDP_REDUCE_COPY_IN_FRACTION / peak) * 1e9  # fmt: skip
-    assert steptime.fsdp_copies(plan, r, 0) == pytest.approx(want, rel=0.01)
+    assert copies == pytest.approx(want, rel=0.01)
     # and the step's measured copies (the no-AC trace's 53.9 ms) within 5 %
     measured = sum(ms[0] for _, ms in H200_TRACES.values()) / 1e3
-    assert steptime.fsdp_copies(plan, r, 0) == pytest.approx(measured, rel=0.05)
-
-
-def _copies(*flags):
-    cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--model.flavor=8B",
-                      "--training.seq_len=4096", "--training.local_batch_size=1", "--activation_checkpoint.mode=none",
-                      "--estimate.hardware=h200", "--estimate.num_devices=8", *flags])  # fmt: skip
-    plan = build_plan(cfg)
-    return plan, steptime.fsdp_copies(plan, steptime.Rates(plan), 0)
+    assert copies == pytest.approx(measured, rel=0.05)
 
 
 def test_the_gather_copy_in_casts_only_what_is_wider_than_it_gathers():
