@@ -300,8 +300,10 @@ _CPU_HELDOUT11_STEP = (
 _MI355X_CVS = (
     "ROCm/cvs's torchtitan Llama 3.3 70B on 8 MI355X, TP 4 x FSDP 2, 16 micro-steps of 1 x 8192, every second block"
     " checkpointed, eager (seventeenth pass, out of sample: +28.6 % as it came; +28.2 % since the MI355X's attention"
-    " is torch's SDPA as measured, which brought the same source's 8B row from +55.8 to +11.5 %; +27.6 % since the"
-    " TP embedding's gradient reduce-scatter, session 52): published step 39.1 s against 30.7 s estimated, of"
+    " is torch's SDPA as measured, which brought the same source's 8B row from +55.8 to +11.5 % (+10.1 % now); +27.6 % since the"
+    " TP embedding's gradient reduce-scatter, session 52; +21.8 % since FSDP2's copies were priced as measured,"
+    " session 58; +24.7 % since its bf16 parameters (torchtitan's training.dtype bfloat16) are priced, session 59):"
+    " published step 39.1 s against 31.4 s estimated, of"
     " which TP's and FSDP's collectives over the mesh (two FSDP ranks on one"
     " 76.8 GB/s link, by the MI300X's measured 2-GPU rule; TP 4 on three of the seven links) are as much as the"
     " compute. No RCCL figure of an MI355X node was found to check the mesh's rates; the threshold's 'actual' value"
@@ -490,14 +492,6 @@ _TITAN_405B_FLOAT8 = (
     " reduce copy-in of its fp32 gradients add about 1 point. The table's float8 speed-up over eager bf16 (1.62x"
     " published, 1.51x estimated) is what the estimate misses: not explained"
 )
-_THUNDER997 = (
-    "Lightning Thunder's torchao float8 PR (#997: Llama 2 7B, its own FSDP zero2 on 8 H100 SXM, no AC, compiled),"
-    " the batch-2 rows: 17,220 / 17,993 tokens/s published (bf16 tensorwise / float8 all-gather with precompute),"
-    " estimated -15.7 / -15.2 %, the batch-1 rows -10.9 / -7.1 % (inside). Thunder's FSDP is priced as FSDP2:"
-    " since session 58 with FSDP2's gather and reduce copy-ins as measured on an H200 (-12.8 / -13.3 % before);"
-    " Thunder's own copies (its bucketed reduce-scatter of the gradients, fused by its compiler) are not"
-    " measured: not explained"
-)
 _SAC_OP_EAGER_8K = (
     "torchtitan's 8B on 8 H100 at batch 1 x 8192, per-op SAC, eager (torchtitan#1625's run with fused AdamW,"
     " 2025-08, and #1881's, 2025-10): 7,031 / 7,380 tokens/s published, estimated -17.0 / -15.9 %, too slow where"
@@ -525,7 +519,7 @@ _THUNDER1156 = (
     " steps, 0.71 / 0.73 s for 8,192 tokens, are not much longer than the estimate's matmul and attention alone"
     " (0.50 + 0.22 s at the H100 SXM's measured GEMM and FlashAttention-2 rates): 68 / 66 % MFU by torchtitan's formula,"
     " where torchtitan's and Accelerate's runs of this configuration published 7,264 and 8,000 (estimated +9.0 /"
-    " +6.7 %); the same script's float8 row three months later (#1528, 12,414) is only 1.07x faster. Another part,"
+    " +9.9 %); the same script's float8 row three months later (#1528, 12,414) is only 1.07x faster. Another part,"
     " or a figure counted otherwise, would explain it; neither is stated: not explained"
 )
 
@@ -651,13 +645,6 @@ OUTSIDE: dict[tuple[str, str], str] = {
     ("gb200_8b_hsdp2x4_b32_s2048_sac_op_compile_baisya", "memory GiB"): _BAISYA_HSDP_MEM,
     ("h100_8b_fsdp2_tp4_b1_sac_op_compile_float8_sp_pr275", "tokens/s/device"): _PR275,
     **{(f"h100_405b_fsdp16_tp8_float8{a}", "tokens/s/device"): _TITAN_405B_FLOAT8 for a in ("", "_async_tp")},
-    **{
-        (
-            f"h100sxm_l2_7b_fsdp8_b2_no_ac_zero2_compile_tensorwise{f}_thunder997",
-            "tokens/s/device",
-        ): _THUNDER997
-        for f in ("", "_fp8ag_precompute")
-    },
     **{
         (f"h100_8b_fsdp8_b1_sac_op_eager{o}", "tokens/s/device"): _SAC_OP_EAGER_8K
         for o in ("_fused_pr1625", "_pr1881")
