@@ -141,6 +141,29 @@ def test_fsdp_overlap_charges_held_sms_only_where_compute_sets_the_pace():
     assert share * total < long < total
 
 
+def test_fsdp_gather_copy_in_runs_beside_the_compute(monkeypatch):
+    """FSDP2's gather copy-in runs on its own stream before each all-gather: where the compute sets the pace, each
+    copy-in a unit's compute overlaps delays that compute by rates.FSDP_GATHER_COPY_IN_CONTENTION of the copy-in's
+    time, and only the first gather of forward (the embedding's) is exposed whole; in backward the head stays
+    gathered, so every block's and the embedding's re-gather overlaps a backward."""
+    from torchtitan.estimate import rates, steptime
+
+    plan = build_plan(
+        parse_args(["--model.flavor=debugmodel", "--estimate.hardware=a100", "--estimate.num_devices=64"])
+    )
+    r = steptime.Rates(plan)
+    n_blocks, has_emb, has_head = plan.rank_layers()[0]
+    assert has_emb and has_head
+    passes = [(1e3, 1e3)] * (n_blocks + 2)
+    ci = steptime.fsdp_gather_copy_in(plan)
+    assert ci["block"] > 0 and ci["emb"] > 0 and ci["head"] > 0
+    full = steptime.fsdp_units(plan, r, 0, passes)
+    monkeypatch.setattr(rates, "FSDP_GATHER_COPY_IN_CONTENTION", 0.0)
+    free = steptime.fsdp_units(plan, r, 0, passes)
+    overlapped = (n_blocks * ci["block"] + ci["head"]) + (n_blocks * ci["block"] + ci["emb"])
+    assert full - free == pytest.approx(0.140 * overlapped, rel=1e-9)
+
+
 def test_a_measured_cross_node_busbw_replaces_the_rail_model():
     """--estimate.inter_node_busbw_gbps: nccl-tests' bus bandwidth over the job's nodes (every GPU of each node)
     stands for a ring across nodes that holds whole nodes; a ring with fewer of its ranks on each node gets that

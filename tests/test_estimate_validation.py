@@ -197,7 +197,7 @@ _CRUSOE = (
 _KEMPNER_TP = (
     "KempnerForge's MFU report (Llama-3 7B / 13B / 70B shapes, seq 4096, full AC, compiled, fused AdamW, bf16"
     " parameters; 1-8 nodes of 4 H200, code 01b461a, 2026-04; out of sample, twelfth pass), the one-node TP rows"
-    " of the 7B shape: TP 2 +22.7 %, TP 4 +20.5 % (TP 2 x FSDP 2 +14.0 %, within), published 2.49 s a step for"
+    " of the 7B shape: TP 2 +22.7 %, TP 4 +20.5 % (TP 2 x FSDP 2 +13.5 %, within), published 2.49 s a step for"
     " TP 2. Priced on the way: the framework's TP without loss parallel (this trainer's own plan), the 4-GPU"
     " board as a mesh (session 47: a pair of its GPUs has a third of the node's NVLink; +36.6 % before), the"
     " full-AC recompute stopping before w2 (session 44), and since session 49 its loss on the bf16 logits"
@@ -391,7 +391,9 @@ _KEMPNER_NO_SYNC = (
     " the unsharded fp32 gradients added each micro-step, where every micro-step's reduce-scatter had been priced)"
     " and the loss on bf16 logits, bf16 model and replicated TP embedding as they ran: 70B TP 4 x FSDP 8 / 16 /"
     " 24 / 32 / 40 +11.5 / +6.2 / +8.6 / +6.8 / +7.7 -> +25.6 / +21.1 / +24.1 / +22.1 / +23.4 %, 7B TP 4 x FSDP 2 /"
-    " 3 / 4 / 8 +14.3 / +9.0 / +15.1 / +17.3 -> +16.2 / +16.3 / +17.1 / +18.7 %, while the 13B rows of the same"
+    " 3 / 4 / 8 +14.3 / +9.0 / +15.1 / +17.3 -> +16.2 / +16.3 / +17.1 / +18.7 % (since session 59, FSDP2's gather"
+    " copy-in on its own stream, 70B +25.2 / +20.7 / +23.8 / +21.8 / +23.1 %, 7B +15.5 / +16.0 / +16.6 / +18.2 %;"
+    " the 7B TP 4 x FSDP 2 row was inside in session 58 at +14.6 %), while the 13B rows of the same"
     " layouts stay within (+1.3 .. +11.5 %); the 175B row, at accumulation 1, is -15.2 % (_KEMPNER_175B). The fit before rested on"
     " reduce-scatters that did not run; the row's own memory says no_sync ran (70B TP 4 x FSDP 8: 93.2 GB of"
     " torch's allocated: 93.2 GiB estimated with the unsharded fp32 gradients held, 29.5 without, before the"
@@ -434,8 +436,9 @@ _KEMPNER_TP_PP = (
 _BAISYA_CP = (
     "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), FSDP 2 x TP 2 x CP 2 at 32 x"
     " 2048, 32 x 4096 and 64 x 2048, compiled (allgather and per-op SAC assumed): 15,735 / 15,557 / 15,892"
-    " tokens/s published, estimated +14.2 / +14.9 / +15.9 %, the first two inside since FSDP2's own copies are"
-    " priced as measured (session 58; +15.7 / +15.6 / +16.7 % before; +15.8 / +15.7 / +16.8 % before the TP embedding's"
+    " tokens/s published, estimated +15.0 / +15.3 / +16.4 % since session 59 priced FSDP2's gather copy-in on its own"
+    " stream, beside the compute (+14.2 / +14.9 / +15.9 %, the first two inside, since session 58 priced FSDP2's own"
+    " copies as measured; +15.7 / +15.6 / +16.7 % before; +15.8 / +15.7 / +16.8 % before the TP embedding's"
     " gradient reduce-scatter was priced, session 52; +17.6 / +18.1 / +18.6 % until Blackwell's attention"
     " was priced at its sustained rate, session 50), with the FSDP 2 x TP 2 x PP 2 rows (+20.0 .. +32.0 %) above"
     " the level of the same table's one-dimension rows (+3.3 .. +12.0 %). The three were"
@@ -477,26 +480,28 @@ _BAISYA_HSDP_MEM = (
 _PR275 = (
     "pytorch-labs/float8_experimental#275 (torchtitan of 2024-06-12: Llama 3 8B, FSDP 2 x TP 4 on 8 H100, batch 1 x"
     " 8192 and per-op SAC assumed, Float8DynamicLinear with the float8 sequence-parallel inputs; out of sample,"
-    " twenty-first pass), the compiled run: 6,592 wps published, 5,177 estimated (-21.5 %), the eager run 3,900"
-    " and 4,471 (+14.6 %, inside): published compile / eager 1.69x, estimated 1.16x. Since session 58 FSDP2's own"
-    " copies are priced as measured on an H200 (the gather copy-in at 0.30 of the bandwidth, the reduce copy-in at"
-    " 0.41), which at FSDP 2 puts half of each unit through the gather copy-in: -14.1 / +23.8 % before. What the"
+    " twenty-first pass): the compiled run 6,592 wps published, estimated -16.7 %, the eager run 3,900, estimated"
+    " +20.6 %: published compile / eager 1.69x, estimated 1.24x. Since session 58 FSDP2's own copies are priced as"
+    " measured on an H200 (the gather copy-in at 0.30 of the bandwidth, the reduce copy-in at 0.41), which at FSDP"
+    " 2 puts half of each unit through the gather copy-in: -14.1 / +23.8 % before; -21.5 / +14.6 % while the gather"
+    " copy-in was priced on the compute stream (session 59 moved it to its own stream, as torch runs it). What the"
     " compiled run of 2024 did not do that the estimate prices (torch's FSDP2 of then, its copies, the float8"
     " sequence-parallel casts under compile) is not published: not explained"
 )
 _TITAN_405B_FLOAT8 = (
     "torchtitan's 405B table (FSDP 16 x TP 8 on 128 H100 96GB at 500 W, seq 8192, batch 2, full AC): the float8"
     " rows (compiled, float8 all-gather with precomputed scales; without / with async TP) 177 / 185 tokens/s"
-    " published, estimated -16.0 / -15.8 %, the bf16 eager row -9.4 %, all low. Since session 58 FSDP2's own"
+    " published, estimated -15.9 / -15.7 %, the bf16 eager row -9.1 %, all low (-16.0 / -15.8 / -9.4 % until session 59 moved FSDP2's gather copy-in to its own stream). Since session 58 FSDP2's own"
     " copies are priced as measured on an H200 (-14.8 / -14.6 / -8.3 % before): each unit's gather copy-in and the"
     " reduce copy-in of its fp32 gradients add about 1 point. The table's float8 speed-up over eager bf16 (1.62x"
     " published, 1.51x estimated) is what the estimate misses: not explained"
 )
 _SAC_OP_EAGER_8K = (
     "torchtitan's 8B on 8 H100 at batch 1 x 8192, per-op SAC, eager (torchtitan#1625's run with fused AdamW,"
-    " 2025-08, and #1881's, 2025-10): 7,031 / 7,380 tokens/s published, estimated -17.0 / -15.9 %, too slow where"
-    " the float8nocompile table's 8B at 4,096 on the same layout is estimated +0.8 .. +3.6 % too fast. Since session"
-    " 58 FSDP2's own copies are priced as measured on an H200 (-13.8 / -12.4 % before); the step of per-op SAC"
+    " 2025-08; #1881's of 2025-10, estimated -14.5 %, is inside): 7,031 tokens/s published, estimated -15.6 %, too"
+    " slow where the float8nocompile table's 8B at 4,096 on the same layout is estimated +3.9 .. +7.3 % too fast."
+    " Since session 58 FSDP2's own copies are priced as measured on an H200 (-13.8 % before; -17.0 % until session 59"
+    " moved the gather copy-in to its own stream, beside the compute); the step of per-op SAC"
     " at 8,192 tokens (its saved matmul outputs, the recomputed elementwise ops) is priced high by about 0.1 s"
     " here, not measured on a GPU: not explained"
 )
@@ -514,7 +519,7 @@ _BAISYA_PP_EAGER_MEM = (
 _THUNDER1156 = (
     "lightning-thunder#1156's PyTorch baseline (Llama-3-8B under FSDP2 with torch.compile, batch 1 x 8192, no AC, the"
     " model cast to bf16, zero2 / zero3, 2024-09; out of sample, thirtieth pass): 11,596.72 / 11,206.86 tokens/s/GPU"
-    " published, estimated -21.6 / -20.6 % on the assumed 8 H100 SXM at 700 W (the description names no GPU; the"
+    " published, estimated -21.3 / -20.1 % (-21.6 / -20.6 % until session 59 moved FSDP2's gather copy-in to its own stream) on the assumed 8 H100 SXM at 700 W (the description names no GPU; the"
     " same author's PRs of 2024-08 .. 12 ran 8 H100); their allocated memory fits (+3.7 / +4.3 %). The published"
     " steps, 0.71 / 0.73 s for 8,192 tokens, are not much longer than the estimate's matmul and attention alone"
     " (0.50 + 0.22 s at the H100 SXM's measured GEMM and FlashAttention-2 rates): 68 / 66 % MFU by torchtitan's formula,"
@@ -582,6 +587,7 @@ OUTSIDE: dict[tuple[str, str], str] = {
     **{
         (f"h200x4_{m}", "tokens/s/device"): _KEMPNER_NO_SYNC
         for m in (
+            "7b_tp4_fsdp2_kempnerforge",
             "7b_tp4_fsdp4_kempnerforge",
             "7b_tp4_fsdp8_kempnerforge",
             "70b_tp4_fsdp8_kempnerforge",
@@ -635,7 +641,7 @@ OUTSIDE: dict[tuple[str, str], str] = {
     },
     **{
         (f"gb200_8b_fsdp2_tp2_cp2_b{b}_s{s}_sac_op_compile_baisya", "tokens/s/device"): _BAISYA_CP
-        for b, s in ((64, 2048),)
+        for b, s in ((32, 2048), (32, 4096), (64, 2048))
     },
     **{
         (f"gb200_8b_fsdp2_tp2_cp2_b{b}_s{s}_sac_op_compile_baisya", "memory GiB"): _BAISYA_CP_MEM
@@ -643,11 +649,13 @@ OUTSIDE: dict[tuple[str, str], str] = {
     },
     ("gb200_8b_fsdp4_tp2_b32_s2048_sac_op_compile_baisya", "memory GiB"): _BAISYA_TP_MEM,
     ("gb200_8b_hsdp2x4_b32_s2048_sac_op_compile_baisya", "memory GiB"): _BAISYA_HSDP_MEM,
-    ("h100_8b_fsdp2_tp4_b1_sac_op_compile_float8_sp_pr275", "tokens/s/device"): _PR275,
+    **{
+        (f"h100_8b_fsdp2_tp4_b1_sac_op_{c}_float8_sp_pr275", "tokens/s/device"): _PR275
+        for c in ("compile", "eager")
+    },
     **{(f"h100_405b_fsdp16_tp8_float8{a}", "tokens/s/device"): _TITAN_405B_FLOAT8 for a in ("", "_async_tp")},
     **{
-        (f"h100_8b_fsdp8_b1_sac_op_eager{o}", "tokens/s/device"): _SAC_OP_EAGER_8K
-        for o in ("_fused_pr1625", "_pr1881")
+        (f"h100_8b_fsdp8_b1_sac_op_eager{o}", "tokens/s/device"): _SAC_OP_EAGER_8K for o in ("_fused_pr1625",)
     },
     **{
         (f"h100sxm_8b_fsdp8_b1_no_ac_{z}_compile_bf16model_thunder1156", "tokens/s/device"): _THUNDER1156

@@ -81,6 +81,38 @@ def test_sums_each_kind_by_its_ops_kernels_and_dtypes(tmp_path):
     assert got["reduce_copy_in"] == {"kernels": 1, "seconds": pytest.approx(10e-6), "bytes": 12_000 * (4 + 2)}
 
 
+def test_beside_compute_gives_the_compute_streams_excess_to_the_copy_in_that_overlapped_it(tmp_path):
+    """The gather copy-in on its own stream (tid 14) beside the compute stream (tid 7): a compute kernel it overlaps
+    ran 13 us where its twin (the same kernel at the same shapes) ran 10 alone, and the compute stream then waited
+    7 us while the copy-in went on; a kernel overlapped by a copy-in and by another stream (tid 18) gives the copy-in
+    its share of the excess, by overlap."""
+    shard = {"Input Dims": [[[1000]], [[1000]], []]}
+    shapes = {"Input Dims": [[4, 4], [4, 4]]}
+    copy_in = "multi_tensor_apply_kernel<CopyFunctor<c10::BFloat16, float>>"
+    events = [_x("ProfilerStep#7", 0, 10_000, cat="user_annotation")]
+    for unit, (ts, corr, kernel_ts, dur) in enumerate(((100, 1, 1000, 20), (1150, 5, 2004, 6))):
+        events += [
+            _x(f"FSDP::all_gather (layers.{unit})", ts, 100, cat="user_annotation"),
+            _x("aten::_foreach_copy_", ts + 10, 50, **shard),
+            _x("cudaLaunchKernel", ts + 20, 1, cat="cuda_runtime", correlation=corr),
+            _x(copy_in, kernel_ts, dur, cat="kernel", tid=14, correlation=corr),
+        ]
+    for ext, (ts, corr, kernel_ts, dur) in zip((11, 12, 13), ((600, 2, 700, 10), (900, 3, 1000, 13),
+                                                             (1300, 4, 2000, 14))):  # fmt: skip
+        events += [
+            _x("aten::mul", ts, 20, **{"External id": ext, **shapes}),
+            _x("cudaLaunchKernel", ts + 5, 1, cat="cuda_runtime", correlation=corr),
+            _x("mul_kernel", kernel_ts, dur, cat="kernel", tid=7, correlation=corr, **{"External id": ext}),
+        ]
+    events.append(_x("Memcpy DtoD", 2000, 12, cat="gpu_memcpy", tid=18))
+    p = tmp_path / "rank0_step7.json"
+    p.write_text(json.dumps({"traceEvents": events}))
+    got = RATES.beside_compute(p)
+    assert got["copy_in"] == pytest.approx(26e-6)
+    assert got["idle"] == pytest.approx(7e-6)
+    assert got["excess"] == pytest.approx(3e-6 + 4e-6 * 6 / (6 + 12))
+
+
 def test_command_prints_rates_and_rejects_a_cpu_trace(tmp_path, capsys):
     assert RATES.main([str(_trace(tmp_path)), "--peak-gbps", "100"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -95,12 +127,15 @@ def test_command_prints_rates_and_rejects_a_cpu_trace(tmp_path, capsys):
 
 def _copies(*flags):
     """The traced configuration (8B, FSDP 8, 1 x 4096, no AC) on the table's H200, with `flags`: its plan and the
-    seconds of FSDP2's copies on rank 0."""
+    seconds of FSDP2's copies on rank 0 in one step: those on the compute stream (steptime.fsdp_copies) and the
+    gather copy-ins beside it (steptime.fsdp_gather_copy_in: forward, and again for backward but the head's)."""
     cfg = parse_args(["--job.config_file=train_configs/debug_model.toml", "--model.flavor=8B",
                       "--training.seq_len=4096", "--training.local_batch_size=1", "--activation_checkpoint.mode=none",
                       "--estimate.hardware=h200", "--estimate.num_devices=8", *flags])  # fmt: skip
     plan = build_plan(cfg)
-    return plan, steptime.fsdp_copies(plan, steptime.Rates(plan), 0)
+    ci = steptime.fsdp_gather_copy_in(plan)
+    gather_in = 2 * (plan.args.n_layers * ci["block"] + ci["emb"]) + ci["head"]
+    return plan, steptime.fsdp_copies(plan, steptime.Rates(plan), 0) + gather_in
 
 
 # scripts/fsdp_copy_rates.py on the three traces of docs/performance.md command f (one simulated rank of the 8B at
@@ -112,12 +147,20 @@ H200_TRACES = {
 }
 
 
+# and `beside_compute` on them: ms of the compute stream's excess beside the gather copy-in
+H200_EXCESS_BESIDE_COPY_IN = (1.88, 2.14, 1.01)
+
+
 def test_fractions_are_the_measured_medians_and_the_estimator_counts_the_traced_bytes():
     peak = 4800e9  # the hardware table's H200
     for kind, constant in (("gather_copy_in", rates.FSDP_GATHER_COPY_IN_FRACTION),
                            ("reduce_copy_in", rates.FSDP_REDUCE_COPY_IN_FRACTION)):  # fmt: skip
         gb, ms = H200_TRACES[kind]
         assert constant == pytest.approx(statistics.median(gb * 1e9 / (t / 1e3) / peak for t in ms), abs=1e-3)
+    contention = statistics.median(
+        x / t for x, t in zip(H200_EXCESS_BESIDE_COPY_IN, H200_TRACES["gather_copy_in"][1])
+    )
+    assert rates.FSDP_GATHER_COPY_IN_CONTENTION == pytest.approx(contention, abs=1e-3)
     plan, copies = _copies()  # the traced configuration, on the table's H200
     # each kind's bytes at its rate, from the traced byte counts: the estimator's accounting must give the same
     want = (H200_TRACES["gather_copy_in"][0] / rates.FSDP_GATHER_COPY_IN_FRACTION / peak

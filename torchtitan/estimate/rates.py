@@ -947,3 +947,8 @@ STRIDED_SWIGLU_FRACTION = 0.525
 # on every part as a fraction of its bandwidth (an assumption: one part measured).
 FSDP_GATHER_COPY_IN_FRACTION = 0.301
 FSDP_REDUCE_COPY_IN_FRACTION = 0.406
+# The gather copy-in runs on FSDP2's own copy-in stream beside the compute (steptime.fsdp_gather_copy_in): what it
+# costs the compute it overlaps, as a fraction of the copy-in's own time, measured by scripts/fsdp_copy_rates.py
+# (`beside_compute`: each compute-stream kernel it overlaps against the median of the same kernel at the same shapes
+# that nothing overlapped) on the same three traces: 0.140 / 0.157 / 0.090. The median.
+FSDP_GATHER_COPY_IN_CONTENTION = 0.140

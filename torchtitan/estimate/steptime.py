@@ -639,6 +639,8 @@ def fsdp_units(
     ag_bwd = [a if (regathers and k != "head") else 0.0 for a, k in zip(ag, kinds)]
     if plan.hw.is_cpu:  # gloo runs on the same cores as the compute: nothing overlaps
         return sum(ag) + regathers * sum(ag_bwd) + sum(rs)
+    copy_in = [fsdp_gather_copy_in(plan)[k] for k in kinds]  # before each gather, on FSDP2's copy-in stream
+    ci_bwd = [c if (regathers and k != "head") else 0.0 for c, k in zip(copy_in, kinds)]
     fwd = [p[0] for p in passes]
     bwd = [p[1] for p in passes]
     # an overlapped collective holds NCCL's channels' SMs, slowing the compute it overlaps (collectives.py)
@@ -648,71 +650,92 @@ def fsdp_units(
     persistent = rates.silicon(plan.hw.name) in collectives.STATIC_PERSISTENT_GEMM_DEVICES
     gemm = gemms if (gemms is not None and persistent) else [(0.0, 0.0)] * len(passes)
 
-    def overlap(comm: float, compute: float, unit: int) -> float:
+    def overlap(comm: float, compute: float, unit: int, copy_in: float = 0.0) -> float:
         """Seconds a unit's compute and the collectives running beside it take beyond the compute alone: the
         compute loses the SMs the collectives hold while they run (collectives.overlap_extension), and the unit
         ends when both have ended. A unit whose collectives outlast it (communication-bound) waits for them; the
-        SMs they hold then slow only compute that is not on the critical path, unless it becomes so."""
-        return collectives.overlap_extension(comm, compute, share, *gemm[unit])
+        SMs they hold then slow only compute that is not on the critical path, unless it becomes so. A gather's
+        `copy_in` runs first, on its own stream: the compute beside it is delayed by
+        rates.FSDP_GATHER_COPY_IN_CONTENTION of that time, and the collective starts when the copy-in ends, beside
+        the compute left then."""
+        beside = min(copy_in, compute)
+        delay = rates.FSDP_GATHER_COPY_IN_CONTENTION * beside
+        left = compute - beside + delay
+        return copy_in - beside + delay + collectives.overlap_extension(comm, left, share, *gemm[unit])
 
     order = list(range(len(kinds)))[::-1]  # backward runs the units in reverse
 
     def backward(reduce: list[float]) -> float:
         """Exposed seconds of one backward (the units in reverse): beside each unit's backward run the next
         unit's re-gather (prefetched) and the previous unit's reduce-scatter."""
-        out = ag_bwd[order[0]]
+        out = ci_bwd[order[0]] + ag_bwd[order[0]]
         for j, u in enumerate(order):
-            prefetch = ag_bwd[order[j + 1]] if j + 1 < len(order) else 0.0
-            out += overlap(prefetch + (reduce[order[j - 1]] if j > 0 else 0.0), bwd[u], u)
+            nxt = order[j + 1] if j + 1 < len(order) else None
+            prefetch, ci = (ag_bwd[nxt], ci_bwd[nxt]) if nxt is not None else (0.0, 0.0)
+            out += overlap(prefetch + (reduce[order[j - 1]] if j > 0 else 0.0), bwd[u], u, ci)
         return out + reduce[order[-1]]
 
-    exposed = ag[0] + sum(overlap(ag[i], fwd[i - 1], i - 1) for i in range(1, len(ag)))
+    exposed = copy_in[0] + ag[0]
+    exposed += sum(overlap(ag[i], fwd[i - 1], i - 1, copy_in[i]) for i in range(1, len(ag)))
     exposed += backward(rs)
     # under PP with blocks resharded after forward, the other micro-batches' backwards gather them again
     return exposed + max(0, regathers - 1) * backward([0.0] * len(rs))
 
 
-def fsdp_copies(plan: Plan, r: Rates, rank: int, reduce: bool = True) -> float:
-    """Seconds of FSDP2's own memory-bound copies in one gather-and-reduce round of a rank's units (`reduce`:
-    False for a micro-step under no_sync, the gathers' copies alone).
+def fsdp_gather_copy_in(plan: Plan) -> dict[str, float]:
+    """Seconds of one gather's copy-in for each kind of unit ("emb", "block", "head"): before each all-gather torch's
+    fully_shard casts the rank's shard to the gathered dtype (fp32 master weights only; a float8 weight's cast is
+    priced with the float8 casts) and copies it into the flat send buffer, two foreach passes over 1/n of the unit,
+    at rates.FSDP_GATHER_COPY_IN_FRACTION of the part's bandwidth. It runs on FSDP2's copy-in stream
+    (FSDPCommContext.all_gather_copy_in_stream, the implicit prefetches of forward and backward), beside the
+    compute: fsdp_units places it before each gather. Zero where nothing is gathered and on CPU."""
+    if plan.fsdp_degree == 1 or plan.hw.is_cpu:
+        return dict.fromkeys(("emb", "block", "head"), 0.0)
+    share = fp8_param_share(plan)
+    gb, b = gather_bytes(plan, share), plan.act_bytes
+    cast = plan.param_bytes + b if plan.param_bytes != b else 0.0
+    block_cast = cast * (1 - share) if plan.float8_all_gather else cast
+    rate = rates.FSDP_GATHER_COPY_IN_FRACTION * plan.hw.hbm_gbps * 1e9 * plan.fsdp_degree
+    return {
+        "emb": plan.embedding_params() * (cast + 2 * b) / rate,
+        "block": plan.block_params() * (block_cast + 2 * gb) / rate,
+        "head": plan.head_params() * (cast + 2 * b) / rate,
+    }
 
-    torch's fully_shard (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), on the compute stream, serial
-    with the compute (scripts/fsdp_copy_rates.py times each kind in a trace):
-      gather copy-in   before each all-gather the rank's shard is cast to the gathered dtype (fp32 master weights
-                       only; a float8 weight's cast is priced with the float8 casts) and copied into the flat send
-                       buffer: two foreach passes over 1/n of the unit, at rates.FSDP_GATHER_COPY_IN_FRACTION
-      copy-out         after it the flat buffer is split into the unsharded parameters (split_with_sizes_copy):
-                       every gathered byte read and written again, once forward and once more for each backward
-                       re-gather, at the elementwise rate (r.hbm; measured 0.81-0.82 of an H200's bandwidth)
+
+def fsdp_copies(plan: Plan, r: Rates, rank: int, reduce: bool = True) -> float:
+    """Seconds of FSDP2's own memory-bound copies on the compute stream in one gather-and-reduce round of a rank's
+    units (`reduce`: False for a micro-step under no_sync, the gathers' copies alone), serial with the compute.
+
+    torch's fully_shard (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py; scripts/fsdp_copy_rates.py times
+    each kind in a trace):
+      copy-out         after each all-gather the flat buffer is split into the unsharded parameters
+                       (split_with_sizes_copy): every gathered byte read and written again, once forward and once
+                       more for each backward re-gather, at the elementwise rate (r.hbm; measured 0.81-0.82 of an
+                       H200's bandwidth)
       reduce copy-in   before each reduce-scatter the unsharded gradients are copied into the flat send buffer in
                        the reduce dtype (_chunk_cat: gradient bytes read, reduce-dtype bytes written), at
                        rates.FSDP_REDUCE_COPY_IN_FRACTION; recent torch runs it on the compute stream (older
                        versions on the reduce-scatter stream, where it still shares the HBM and SMs)
-    The reduce-scatter's sharded output (1/n) is neglected.
+    The gather copy-in runs beside the compute (fsdp_gather_copy_in); the reduce-scatter's sharded output (1/n) is
+    neglected.
     """
     d = plan.dims
     if (plan.fsdp_degree == 1 and d.dp_replicate == 1) or plan.hw.is_cpu:
         return 0.0
-    share = fp8_param_share(plan)
-    gb = gather_bytes(plan, share)
+    gb = gather_bytes(plan, fp8_param_share(plan))
     n_blocks, has_emb, has_head = plan.rank_layers()[rank]
     b = plan.act_bytes
     gathers = 1 + fsdp_regathers(plan)
     blocks = n_blocks * plan.block_params()
     emb = plan.embedding_params() if has_emb else 0
     head = plan.head_params() if has_head else 0  # stays gathered for backward: one gather
-    peak = plan.hw.hbm_gbps * 1e9
     out = 0.0
     if plan.fsdp_degree > 1:  # a shard group of one (replication only) has nothing to gather
-        cast = plan.param_bytes + b if plan.param_bytes != b else 0.0
-        block_cast = cast * (1 - share) if plan.float8_all_gather else cast
-        gathered = blocks * gathers * gb + emb * gathers * b + head * b
-        shard_cast = (blocks * gathers * block_cast + (emb * gathers + head) * cast) / plan.fsdp_degree
-        out += 2 * gathered / r.hbm  # copy-out
-        out += (shard_cast + 2 * gathered / plan.fsdp_degree) / (rates.FSDP_GATHER_COPY_IN_FRACTION * peak)
+        out += 2 * (blocks * gathers * gb + emb * gathers * b + head * b) / r.hbm  # copy-out
     if reduce:
         grads = (blocks + emb + head) * (b + plan.reduce_bytes)
-        out += grads / (rates.FSDP_REDUCE_COPY_IN_FRACTION * peak)
+        out += grads / (rates.FSDP_REDUCE_COPY_IN_FRACTION * plan.hw.hbm_gbps * 1e9)
     return out
 
 

@@ -204,7 +204,8 @@ def _cpu_terms(events: list[dict], t0: float, t1: float, tid) -> dict[str, float
     return out
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals merged into sorted, disjoint ones."""
     merged: list[list[float]] = []
     for a, b in sorted(intervals):
         if merged and a <= merged[-1][1]:
@@ -218,7 +219,7 @@ def _length(intervals) -> float:
     return sum(b - a for a, b in intervals)
 
 
-def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+def uncovered(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
     """Length of the union `a` outside the union `b` (both merged and sorted)."""
     covered, j = 0.0, 0
     for x0, x1 in a:
@@ -248,13 +249,13 @@ def _cuda_terms(events: list[dict], t0: float, t1: float) -> dict[str, float]:
             term = classify(stack, k["name"] if k.get("cat") == "kernel" else "memcpy")
             by_term[term].append((k["ts"], k["ts"] + k["dur"]))
     out = dict.fromkeys(TERMS, 0.0)
-    compute = _union([iv for t, ivs in by_term.items() if t != "communication" for iv in ivs])
+    compute = union([iv for t, ivs in by_term.items() if t != "communication" for iv in ivs])
     for t, ivs in by_term.items():
         if t != "communication":
             out[t] = sum(b - a for a, b in ivs) / 1e6
-    out["communication"] = _minus(_union(by_term["communication"]), compute) / 1e6  # exposed only
-    busy = _union([iv for ivs in by_term.values() for iv in ivs])
-    out["host"] = _minus([(t0, t1)], busy) / 1e6  # the device idle inside the step
+    out["communication"] = uncovered(union(by_term["communication"]), compute) / 1e6  # exposed only
+    busy = union([iv for ivs in by_term.values() for iv in ivs])
+    out["host"] = uncovered([(t0, t1)], busy) / 1e6  # the device idle inside the step
     return out
 
 
