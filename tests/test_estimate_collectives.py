@@ -164,6 +164,40 @@ def test_fsdp_gather_copy_in_runs_beside_the_compute(monkeypatch):
     assert full - free == pytest.approx(0.140 * overlapped, rel=1e-9)
 
 
+def test_memory_bound_compute_beside_a_ring_loses_the_rings_share_of_the_bandwidth():
+    """A ring moves 3 bytes of HBM per byte on the bus (NVIDIA/nccl#1428): on an H100 SXM at 360 GB/s that is 0.32 of
+    its 3,350 GB/s. In fsdp_units the memory-bound share of each unit's compute beside a collective loses that share
+    of its rate in place of the SMs' share: where the compute sets the pace (A100: no persistent GEMMs), moving all
+    of it from GEMM-like to memory-bound adds (bandwidth share - SM share) x the overlapped collectives' time."""
+    from torchtitan.estimate import steptime
+
+    h100 = build_plan(parse_args(["--model.flavor=debugmodel", "--estimate.hardware=h100-sxm"]))
+    assert collectives.overlap_hbm_share(h100, 360e9) == pytest.approx(3 * 360 / 3350)
+
+    plan = build_plan(
+        parse_args(["--model.flavor=debugmodel", "--estimate.hardware=a100", "--estimate.num_devices=64"])
+    )
+    r = steptime.Rates(plan)
+    n_blocks, has_emb, has_head = plan.rank_layers()[0]
+    units = n_blocks + 2
+    ring = collectives.busbw(plan, r.intra, r.inter, 64, 1)
+    sm = collectives.overlap_sm_share(plan, ring, r.intra, full_nodes=True)
+    hbm = collectives.overlap_hbm_share(plan, ring)
+    assert hbm != sm
+    size = {"emb": plan.embedding_params(), "block": plan.block_params(), "head": plan.head_params()}
+    gathered = {"emb": plan.act_bytes, "block": steptime.gather_bytes(plan, 0.0), "head": plan.act_bytes}
+    ag = {k: steptime._ring(plan, r, size[k] * gathered[k], 64, 1) for k in size}
+    rs = {k: steptime._ring(plan, r, size[k] * plan.reduce_bytes, 64, 1, "reduce_scatter") for k in size}
+    # overlapped: every forward gather but the embedding's (the first), every backward re-gather (the head stays
+    # gathered), every reduce-scatter but the embedding's (the last)
+    overlapped = (n_blocks * ag["block"] + ag["head"]) + (n_blocks * ag["block"] + ag["emb"])
+    overlapped += n_blocks * rs["block"] + rs["head"]
+    passes = [(1e3, 1e3)] * units
+    memory_bound = steptime.fsdp_units(plan, r, 0, passes, memory=[1.0] * units)
+    gemm_like = steptime.fsdp_units(plan, r, 0, passes, memory=[0.0] * units)
+    assert memory_bound - gemm_like == pytest.approx((hbm - sm) * overlapped, rel=1e-9)
+
+
 def test_a_measured_cross_node_busbw_replaces_the_rail_model():
     """--estimate.inter_node_busbw_gbps: nccl-tests' bus bandwidth over the job's nodes (every GPU of each node)
     stands for a ring across nodes that holds whole nodes; a ring with fewer of its ranks on each node gets that

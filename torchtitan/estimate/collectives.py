@@ -38,6 +38,13 @@ as one node (A100's 24 by the same rule: an extrapolation). A ring with fewer of
 than GPUs (e.g. FSDP across nodes under TP 8) runs on fewer NICs; NCCL sizes its channels to its bandwidth
 (busBw = nChannels x per-channel speed, tuning.cc), so it holds the ring's share of the intra-node bus
 bandwidth's channels.
+Overlap costs bandwidth too: the ring's own traffic through the GPU's memory (RING_HBM_BYTES_PER_BUS_BYTE per byte on
+the bus) leaves memory-bound compute beside it a share c = 3 x busbw / HBM bandwidth less, so a bandwidth-bound
+kernel takes 1 / (1 - c) of its time (0.32 of an H100's 3,350 GB/s at 360 GB/s: 1.48x). Checked on the H200 traces
+of docs/performance.md command f, where the fake backend's all-gather copies took 0.36 of the bandwidth: the
+element-wise kernels beside them ran 1.65x (predicted 1.56x) and the GEMMs 1.00x. `overlap_hbm_share` gives c;
+steptime.fsdp_units stretches the memory-bound part of the compute beside an FSDP collective by it, in place of
+the SMs' share (a bandwidth-bound kernel does not need every SM).
 Switchless meshes (AMD MI300X: Infinity Fabric links of 64 GB/s each way to each of the 7 peers of an 8-GPU node, no
 switch; the MI355X's of 76.8) differ: a ring over n ranks of one node has only the (n - 1) links among them, so its
 bus bandwidth is (n - 1) / (GPUs per node - 1) of the whole node's. stas00/ml-engineering network/README.md (commit
@@ -92,6 +99,13 @@ NVLINK_MIN_GBPS = 100.0  # an intra-node link this fast per direction is NVLink 
 # systems "there is no difference in the number of channels used").
 NCCL_CHANNELS = {"A100": 24, "A100 40GB": 24, **{d: 32 for d in rates.BLACKWELL_DEVICES}}
 NCCL_CHANNELS_DEFAULT = 16
+# HBM bytes a ring moves on each rank per byte on the bus: NCCL's Simple protocol over NVLink receives into a FIFO in
+# the receiver's memory (a write), reads it back (a read) and writes it to the user's buffer (all-gather) or reduces
+# it with the local chunk and sends it on (reduce-scatter: a read of the local input); an NCCL maintainer
+# (NVIDIA/nccl#1428, 2024): "needs to be multiplied by at least 2x for memory bandwidth, as we need to store to
+# memory, then read back from it. If you add reading from or writing to user data, it can be 3x". 3: a ring's
+# collectives read or write user data at every step.
+RING_HBM_BYTES_PER_BUS_BYTE = 3.0
 # Devices whose GEMMs are static persistent kernels (one CTA per SM, tiles assigned at launch): Hopper.
 STATIC_PERSISTENT_GEMM_DEVICES = frozenset({"H100 SXM", "H100 NVL", "H100 PCIe", "H200", "H200 NVL"})
 # Devices whose node is a switchless full mesh (each GPU linked straight to each peer, no switch): AMD's 8-GPU
@@ -161,6 +175,14 @@ def overlap_sm_share(plan: Plan, ring_busbw: float, intra: float, full_nodes: bo
         return 0.0
     share = 1.0 if full_nodes else min(1.0, ring_busbw / intra)
     return min(1.0, node_channels(plan.hw.name) * share / sms)
+
+
+def overlap_hbm_share(plan: Plan, ring_busbw: float) -> float:
+    """Share of the device's memory bandwidth a ring running at `ring_busbw` takes from the compute it overlaps (0 on
+    CPU): RING_HBM_BYTES_PER_BUS_BYTE bytes of HBM traffic for each byte on the bus."""
+    if plan.hw.is_cpu:
+        return 0.0
+    return min(0.9, RING_HBM_BYTES_PER_BUS_BYTE * ring_busbw / (plan.hw.hbm_gbps * 1e9))
 
 
 def node_channels(device: str) -> float:

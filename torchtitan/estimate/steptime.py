@@ -606,6 +606,7 @@ def fsdp_units(
     passes: list[tuple[float, float]],
     gemms: list[tuple[float, float]] | None = None,
     reduce: bool = True,
+    memory: list[float] | None = None,
 ) -> float:
     """Exposed seconds of FSDP communication in one forward+backward of a rank's units (`reduce`: with its gradient
     reduction; False: a micro-step under no_sync, gathers only).
@@ -613,7 +614,9 @@ def fsdp_units(
     `passes` lists (forward, backward) compute seconds of the rank's units in forward order. Units: embedding,
     each block, the head (norm + output), as issue 10 wraps them; the head stays gathered for backward. `gemms`
     lists each unit's (GEMM share of its compute, mean seconds of one GEMM), which matter on devices with static
-    persistent GEMMs (collectives.overlap_extension); None: none.
+    persistent GEMMs (collectives.overlap_extension); None: none. `memory` lists each unit's memory-bound share of its
+    compute (neither GEMM nor attention), which loses the ring's share of the bandwidth instead of its SMs
+    (collectives.overlap_hbm_share); None: none.
     """
     d, n = plan.dims, plan.fsdp_degree
     if n == 1 and d.dp_replicate == 1:
@@ -646,9 +649,17 @@ def fsdp_units(
     # an overlapped collective holds NCCL's channels' SMs, slowing the compute it overlaps (collectives.py)
     ring = collectives.busbw(plan, r.intra, r.inter, n, d.tp)
     ppn, _ = collectives.group_layout(plan, n, d.tp)
-    share = collectives.overlap_sm_share(plan, ring, r.intra, ppn >= plan.hw.devices_per_node)
+    sm = collectives.overlap_sm_share(plan, ring, r.intra, ppn >= plan.hw.devices_per_node)
+    hbm = collectives.overlap_hbm_share(plan, ring)
     persistent = rates.silicon(plan.hw.name) in collectives.STATIC_PERSISTENT_GEMM_DEVICES
     gemm = gemms if (gemms is not None and persistent) else [(0.0, 0.0)] * len(passes)
+    mem = memory if memory is not None else [0.0] * len(passes)
+    # the share of its rate each unit's compute loses beside a ring: GEMMs and attention the SMs' share, memory-bound
+    # kernels the bandwidth's; with static persistent GEMMs the GEMMs are played out apart (overlap_extension), so
+    # the share is of the other kernels
+    share = [
+        sm + (m / (1.0 - g) if persistent and g < 1.0 else m) * (hbm - sm) for m, (g, _) in zip(mem, gemm)
+    ]
 
     def overlap(comm: float, compute: float, unit: int, copy_in: float = 0.0) -> float:
         """Seconds a unit's compute and the collectives running beside it take beyond the compute alone: the
@@ -661,7 +672,7 @@ def fsdp_units(
         beside = min(copy_in, compute)
         delay = rates.FSDP_GATHER_COPY_IN_CONTENTION * beside
         left = compute - beside + delay
-        return copy_in - beside + delay + collectives.overlap_extension(comm, left, share, *gemm[unit])
+        return copy_in - beside + delay + collectives.overlap_extension(comm, left, share[unit], *gemm[unit])
 
     order = list(range(len(kinds)))[::-1]  # backward runs the units in reverse
 
@@ -980,10 +991,11 @@ def training_step_time(plan: Plan) -> dict:
         unit_gemms = [
             (u.matmul / u.compute, u.matmul / u.gemms) if u.gemms and u.compute else (0.0, 0.0) for u in units
         ]
-        fsdp_exposed = fsdp_units(plan, r, rank, unit_passes, unit_gemms)
+        unit_memory = [(u.compute - u.matmul - u.attention) / u.compute if u.compute else 0.0 for u in units]
+        fsdp_exposed = fsdp_units(plan, r, rank, unit_passes, unit_gemms, memory=unit_memory)
         # under no_sync the micro-steps before the last gather without reducing
         fsdp_gather_only = (
-            fsdp_units(plan, r, rank, unit_passes, unit_gemms, reduce=False)
+            fsdp_units(plan, r, rank, unit_passes, unit_gemms, reduce=False, memory=unit_memory)
             if plan.reduce_rounds < plan.accum
             else 0.0
         )
