@@ -441,3 +441,42 @@ def test_gemm_beside_sms_bad_arguments_are_one_line_exit_2(capsys):
         assert e.value.code == 2, bad
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "error:" in err, err
+
+
+bw = import_script("bench_bandwidth_beside_ring")
+
+
+def test_bandwidth_beside_ring_lists_the_block_kernels_at_the_planned_shapes(capsys):
+    assert bw.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "8B at 1 x 4096: dim 4096, FFN 14336, q 4096, k/v 1024" in out
+    # the SwiGLU product reads two 4096 x 14336 bf16 tensors and writes one
+    assert f"swiglu product (mul): memory, {3 * 4096 * 14336 * 2 / 1e6:.1f} MB moved" in out
+    assert f"rope upcast (q to fp32): memory, {4096 * 4096 * 6 / 1e6:.1f} MB moved" in out
+    assert "w1 forward (GEMM): gemm" in out
+
+
+def test_bandwidth_beside_ring_rule_is_the_estimators():
+    """Memory-bound targets: 1 / (1 - c), c the copy's share of the bandwidth (what fsdp_units prices beside a ring,
+    c = 3 x busbw / HBM bandwidth); the GEMM: the SMs' share beside the CTA copy, nothing beside the copy engine."""
+    from torchtitan.estimate import collectives
+
+    assert bw.rule("memory", "engine", 0.36, 132, 16) == pytest.approx(1 / 0.64)
+    assert bw.rule("memory", "ctas", 0.25, 132, 16) == pytest.approx(4 / 3)
+    assert bw.rule("gemm", "ctas", 0.25, 132, 16) == pytest.approx(132 / 116)
+    assert bw.rule("gemm", "engine", 0.36, 132, 16) == 1.0
+    assert collectives.RING_HBM_BYTES_PER_BUS_BYTE == 3.0
+
+
+def test_bandwidth_beside_ring_refuses_bad_arguments_and_a_machine_without_a_gpu(capsys):
+    with pytest.raises(SystemExit) as e:
+        bw.main(["--ctas=0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--ctas" in err
+    import torch
+
+    if not torch.cuda.is_available():
+        assert bw.main([]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err
