@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_gemm_beside_sms import timed  # noqa: E402  (the same event timing, each call after a side launch)
 
 
 def shapes(tokens: int) -> dict[str, int]:
@@ -84,25 +86,6 @@ try:  # Triton resolves a kernel's names in its module's globals: the copy kerne
 
 except ImportError:  # CPU machines: --dry-run needs no Triton
     _copy = None
-
-
-def timed(fn, before=None, repeat: int = 10) -> float:
-    """Median seconds of `fn` on the current stream, each time right after `before()` (launched first)."""
-    import torch
-
-    out = []
-    for i in range(repeat + 2):
-        torch.cuda.synchronize()
-        if before is not None:
-            before()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        if i >= 2:
-            out.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(out)
 
 
 def calls(sh: dict[str, int]) -> dict[str, object]:
