@@ -392,7 +392,7 @@ _KEMPNER_NO_SYNC = (
     " and the loss on bf16 logits, bf16 model and replicated TP embedding as they ran: 70B TP 4 x FSDP 8 / 16 /"
     " 24 / 32 / 40 +11.5 / +6.2 / +8.6 / +6.8 / +7.7 -> +25.6 / +21.1 / +24.1 / +22.1 / +23.4 %, 7B TP 4 x FSDP 2 /"
     " 3 / 4 / 8 +14.3 / +9.0 / +15.1 / +17.3 -> +16.2 / +16.3 / +17.1 / +18.7 % (since session 59, FSDP2's gather"
-    " copy-in on its own stream, 70B +25.2 / +20.7 / +23.8 / +21.8 / +23.1 %, 7B +15.5 / +16.0 / +16.6 / +18.2 %;"
+    " copy-in on its own stream, 70B +25.2 / +20.7 / +23.7 / +21.7 / +23.1 %, 7B +15.5 / +16.0 / +16.6 / +18.2 %;"
     " the 7B TP 4 x FSDP 2 row was inside in session 58 at +14.6 %), while the 13B rows of the same"
     " layouts stay within (+1.3 .. +11.5 %); the 175B row, at accumulation 1, is -15.2 % (_KEMPNER_175B). The fit before rested on"
     " reduce-scatters that did not run; the row's own memory says no_sync ran (70B TP 4 x FSDP 8: 93.2 GB of"
@@ -436,7 +436,7 @@ _KEMPNER_TP_PP = (
 _BAISYA_CP = (
     "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), FSDP 2 x TP 2 x CP 2 at 32 x"
     " 2048, 32 x 4096 and 64 x 2048, compiled (allgather and per-op SAC assumed): 15,735 / 15,557 / 15,892"
-    " tokens/s published, estimated +15.0 / +15.3 / +16.4 % since session 59 priced FSDP2's gather copy-in on its own"
+    " tokens/s published, estimated +15.0 / +15.3 / +16.3 % since session 59 priced FSDP2's gather copy-in on its own"
     " stream, beside the compute (+14.2 / +14.9 / +15.9 %, the first two inside, since session 58 priced FSDP2's own"
     " copies as measured; +15.7 / +15.6 / +16.7 % before; +15.8 / +15.7 / +16.8 % before the TP embedding's"
     " gradient reduce-scatter was priced, session 52; +17.6 / +18.1 / +18.6 % until Blackwell's attention"
@@ -480,28 +480,30 @@ _BAISYA_HSDP_MEM = (
 _PR275 = (
     "pytorch-labs/float8_experimental#275 (torchtitan of 2024-06-12: Llama 3 8B, FSDP 2 x TP 4 on 8 H100, batch 1 x"
     " 8192 and per-op SAC assumed, Float8DynamicLinear with the float8 sequence-parallel inputs; out of sample,"
-    " twenty-first pass): the compiled run 6,592 wps published, estimated -16.7 %, the eager run 3,900, estimated"
-    " +20.6 %: published compile / eager 1.69x, estimated 1.24x. Since session 58 FSDP2's own copies are priced as"
+    " twenty-first pass): the compiled run 6,592 wps published, estimated -17.0 %, the eager run 3,900, estimated"
+    " +19.0 %: published compile / eager 1.69x, estimated 1.18x. Since session 58 FSDP2's own copies are priced as"
     " measured on an H200 (the gather copy-in at 0.30 of the bandwidth, the reduce copy-in at 0.41), which at FSDP"
     " 2 puts half of each unit through the gather copy-in: -14.1 / +23.8 % before; -21.5 / +14.6 % while the gather"
-    " copy-in was priced on the compute stream (session 59 moved it to its own stream, as torch runs it). What the"
+    " copy-in was priced on the compute stream (session 59 moved it to its own stream, as torch runs it, and priced"
+    " the eager run's RoPE upcasts at their measured rate). What the"
     " compiled run of 2024 did not do that the estimate prices (torch's FSDP2 of then, its copies, the float8"
     " sequence-parallel casts under compile) is not published: not explained"
 )
 _TITAN_405B_FLOAT8 = (
     "torchtitan's 405B table (FSDP 16 x TP 8 on 128 H100 96GB at 500 W, seq 8192, batch 2, full AC): the float8"
     " rows (compiled, float8 all-gather with precomputed scales; without / with async TP) 177 / 185 tokens/s"
-    " published, estimated -15.9 / -15.7 %, the bf16 eager row -9.1 %, all low (-16.0 / -15.8 / -9.4 % until session 59 moved FSDP2's gather copy-in to its own stream). Since session 58 FSDP2's own"
+    " published, estimated -16.0 / -15.8 %, the bf16 eager row -9.2 %, all low (session 59's changes to FSDP2's copy-in, the rings' bandwidth share and eager RoPE moved them by 0.2 points or less). Since session 58 FSDP2's own"
     " copies are priced as measured on an H200 (-14.8 / -14.6 / -8.3 % before): each unit's gather copy-in and the"
     " reduce copy-in of its fp32 gradients add about 1 point. The table's float8 speed-up over eager bf16 (1.62x"
     " published, 1.51x estimated) is what the estimate misses: not explained"
 )
 _SAC_OP_EAGER_8K = (
     "torchtitan's 8B on 8 H100 at batch 1 x 8192, per-op SAC, eager (torchtitan#1625's run with fused AdamW,"
-    " 2025-08; #1881's of 2025-10, estimated -14.5 %, is inside): 7,031 tokens/s published, estimated -15.6 %, too"
-    " slow where the float8nocompile table's 8B at 4,096 on the same layout is estimated +3.9 .. +7.3 % too fast."
-    " Since session 58 FSDP2's own copies are priced as measured on an H200 (-13.8 % before; -17.0 % until session 59"
-    " moved the gather copy-in to its own stream, beside the compute); the step of per-op SAC"
+    " 2025-08, and #1881's, 2025-10): 7,031 / 7,380 tokens/s published, estimated -16.5 / -15.4 %, too slow where"
+    " the float8nocompile table's 8B at 4,096 on the same layout is estimated +2.2 .. +5.7 % too fast. Since session"
+    " 58 FSDP2's own copies are priced as measured on an H200 (-13.8 / -12.4 % before; -17.0 / -15.9 % in session 58;"
+    " in session 59 -15.6 / -14.5 % with the gather copy-in on its own stream, beside the compute, then these with"
+    " eager RoPE's upcasts at their measured rate); the step of per-op SAC"
     " at 8,192 tokens (its saved matmul outputs, the recomputed elementwise ops) is priced high by about 0.1 s"
     " here, not measured on a GPU: not explained"
 )
@@ -655,7 +657,7 @@ OUTSIDE: dict[tuple[str, str], str] = {
     },
     **{(f"h100_405b_fsdp16_tp8_float8{a}", "tokens/s/device"): _TITAN_405B_FLOAT8 for a in ("", "_async_tp")},
     **{
-        (f"h100_8b_fsdp8_b1_sac_op_eager{o}", "tokens/s/device"): _SAC_OP_EAGER_8K for o in ("_fused_pr1625",)
+        (f"h100_8b_fsdp8_b1_sac_op_eager{o}", "tokens/s/device"): _SAC_OP_EAGER_8K for o in ("_fused_pr1625", "_pr1881")
     },
     **{
         (f"h100sxm_8b_fsdp8_b1_no_ac_{z}_compile_bf16model_thunder1156", "tokens/s/device"): _THUNDER1156

@@ -952,3 +952,11 @@ FSDP_REDUCE_COPY_IN_FRACTION = 0.406
 # (`beside_compute`: each compute-stream kernel it overlaps against the median of the same kernel at the same shapes
 # that nothing overlapped) on the same three traces: 0.140 / 0.157 / 0.090. The median.
 FSDP_GATHER_COPY_IN_CONTENTION = 0.140
+
+# torch's CUDA copy from bf16 to fp32 (a dtype-converting aten::copy_: `.float()`, the gradient of `.type_as()` from
+# fp32) runs an unrolled, non-vectorized elementwise kernel; the reverse copy is vectorized. Measured by
+# scripts/cast_rates.py on the no-AC and full-AC eager traces above (8B at 1 x 4096, the kernels no other stream
+# overlapped): RoPE's upcast of q (4096 x 32 x 128) at 0.382 / 0.385 and of k (4096 x 8 x 128) at 0.402 / 0.349 of the
+# H200's 4,800 GB/s, where its downcasts reach 0.85-0.86 (q) and the elementwise rate. The median of the four; on every
+# part as a fraction of its bandwidth (an assumption: one part measured).
+EAGER_UPCAST_FRACTION = 0.383

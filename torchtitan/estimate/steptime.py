@@ -236,6 +236,19 @@ def eager_swiglu_extra(plan: Plan, r: Rates) -> tuple[float, float]:
     return fwd, bwd
 
 
+def eager_rope_upcast_extra(plan: Plan, r: Rates) -> tuple[float, float]:
+    """(forward, backward) seconds per token a block's eager RoPE takes beyond its bytes at the elementwise rate
+    (r.hbm) for its bf16 -> fp32 upcasts of q and k (forward: the activations, `.float()`; backward: their
+    gradients, the gradient of `.type_as()`), which torch runs as an unrolled copy at rates.EAGER_UPCAST_FRACTION of
+    the part's bandwidth (its downcasts are vectorized, at the elementwise rate). Zero for compiled blocks (RoPE in
+    one kernel), fp32 activations (nothing to upcast) and CPUs."""
+    if plan.compile_model or plan.hw.is_cpu or plan.act_bytes != 2:
+        return 0.0, 0.0
+    s = plan.shape
+    extra = _beyond_elementwise(plan, r, (plan.act_bytes + 4) * (s.h + s.kv), rates.EAGER_UPCAST_FRACTION)
+    return extra, extra
+
+
 # the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output)
 STREAM_INPUT_LINEARS = ("wq", "wk", "wv", "w1", "w3")
 
@@ -414,7 +427,11 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     w = autocast_weight_cast_bytes(plan, plan.block_linears)
     t_ef, t_eb = ((ew_f + a_f) * tokens + w) / r.hbm, ((ew_b + a_b) * tokens + w) / r.hbm
     t_er = ((ew_f + a_r) * tokens + w) / r.hbm if recomputes_elementwise(mode) else 0.0
-    for extra_f, extra_b in (eager_norm_extra(plan, r), eager_swiglu_extra(plan, r)):
+    for extra_f, extra_b in (
+        eager_norm_extra(plan, r),
+        eager_swiglu_extra(plan, r),
+        eager_rope_upcast_extra(plan, r),
+    ):
         t_ef, t_eb = t_ef + extra_f * tokens, t_eb + extra_b * tokens
         t_er += extra_f * tokens if recomputes_elementwise(mode) else 0.0
     in_place = block_in_place(plan)
