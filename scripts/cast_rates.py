@@ -17,15 +17,24 @@ rank's from scripts/bench_sim_ranks.py --profile-rows). --peak-gbps adds each gr
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from torchtitan.estimate.trace_terms import load_events, step_window, uncovered, union  # noqa: E402
+from fsdp_copy_rates import trace_arguments  # noqa: E402
+
+from torchtitan.estimate.trace_terms import (  # noqa: E402
+    compute_stream,
+    device_kernels,
+    load_events,
+    step_window,
+    uncovered,
+    union,
+)
 
 _DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
 _SHORT = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
@@ -36,14 +45,10 @@ def cast_rates(path: str | Path) -> list[dict]:
     the median seconds of the copies alone."""
     events = load_events(path)
     t0, t1, _ = step_window(events, path)
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
-               and t0 <= e["ts"] < t1]  # fmt: skip
+    kernels = device_kernels(events, t0, t1)
     if not any(k.get("cat") == "kernel" for k in kernels):
         raise ValueError(f"{path}: no CUDA kernels: a CPU trace has no device copies to time")
-    busy: dict[object, float] = {}
-    for k in kernels:
-        busy[k["tid"]] = busy.get(k["tid"], 0.0) + k["dur"]
-    compute = max(busy, key=busy.get)
+    compute = compute_stream(kernels)
     others = union([(k["ts"], k["ts"] + k["dur"]) for k in kernels if k["tid"] != compute])
     ops = {e["args"]["External id"]: e for e in events
            if e.get("cat") == "cpu_op" and e["name"] == "aten::copy_" and "External id" in e.get("args", {})}  # fmt: skip
@@ -75,12 +80,7 @@ def cast_rates(path: str | Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
-    )
-    p.add_argument("trace", help="a trainer's CUDA profiler trace (<dump>/profile_traces/rank0_stepN.json)")
-    p.add_argument("--peak-gbps", type=float, default=None, help="the part's memory bandwidth, GB/s")
-    a = p.parse_args(argv)
+    a = trace_arguments(__doc__, argv)
     try:
         rows = cast_rates(a.trace)
     except ValueError as e:

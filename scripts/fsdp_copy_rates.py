@@ -43,7 +43,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torchtitan.estimate.trace_terms import load_events, step_window, uncovered, union  # noqa: E402
+from torchtitan.estimate.trace_terms import (  # noqa: E402
+    compute_stream,
+    device_kernels,
+    load_events,
+    step_window,
+    uncovered,
+    union,
+)
 
 _DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "c10::Float8_e4m3fn": 1}
 _TEMPLATE_DTYPES = re.compile(r"(?:chunk_cat_cuda_kernel|CopyFunctor|UnaryOpFunctor)<([^,>]+)(?:, ([^,>]+))?")
@@ -130,12 +137,8 @@ def beside_compute(path: str | Path) -> dict[str, float]:
     events = load_events(path)
     t0, t1, _ = step_window(events, path)
     found = _copies(events, path)[1]["gather_copy_in"]
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
-               and t0 <= e["ts"] < t1]  # fmt: skip
-    busy: dict[object, float] = {}
-    for k in kernels:
-        busy[k["tid"]] = busy.get(k["tid"], 0.0) + k["dur"]
-    compute = max(busy, key=busy.get)
+    kernels = device_kernels(events, t0, t1)
+    compute = compute_stream(kernels)
     side = {id(k) for k in found}
     if not side or any(k["tid"] == compute for k in found):
         raise ValueError(f"{path}: no gather copy-in beside the compute stream")
@@ -165,13 +168,18 @@ def beside_compute(path: str | Path) -> dict[str, float]:
     return {"copy_in": sum(b - a for a, b in copy_in) / 1e6, "excess": excess / 1e6, "idle": idle / 1e6}
 
 
-def main(argv: list[str] | None = None) -> int:
+def trace_arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """A trace script's command line: TRACE and --peak-gbps, described by the first paragraph of `doc`."""
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
     p.add_argument("trace", help="a trainer's CUDA profiler trace (<dump>/profile_traces/rank0_stepN.json)")
     p.add_argument("--peak-gbps", type=float, default=None, help="the part's memory bandwidth, GB/s")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = trace_arguments(__doc__, argv)
     try:
         rates = copy_rates(a.trace)
     except ValueError as e:

@@ -657,7 +657,8 @@ OUTSIDE: dict[tuple[str, str], str] = {
     },
     **{(f"h100_405b_fsdp16_tp8_float8{a}", "tokens/s/device"): _TITAN_405B_FLOAT8 for a in ("", "_async_tp")},
     **{
-        (f"h100_8b_fsdp8_b1_sac_op_eager{o}", "tokens/s/device"): _SAC_OP_EAGER_8K for o in ("_fused_pr1625", "_pr1881")
+        (f"h100_8b_fsdp8_b1_sac_op_eager{o}", "tokens/s/device"): _SAC_OP_EAGER_8K
+        for o in ("_fused_pr1625", "_pr1881")
     },
     **{
         (f"h100sxm_8b_fsdp8_b1_no_ac_{z}_compile_bf16model_thunder1156", "tokens/s/device"): _THUNDER1156

@@ -204,6 +204,20 @@ def _cpu_terms(events: list[dict], t0: float, t1: float, tid) -> dict[str, float
     return out
 
 
+def device_kernels(events: list[dict], t0: float, t1: float) -> list[dict]:
+    """The device work that starts inside [t0, t1): kernels, memcpys and memsets."""
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+            and t0 <= e["ts"] < t1]  # fmt: skip
+
+
+def compute_stream(kernels: list[dict]) -> object:
+    """The stream (its trace tid) with the most device time among `kernels`: the compute stream."""
+    busy: dict[object, float] = {}
+    for k in kernels:
+        busy[k["tid"]] = busy.get(k["tid"], 0.0) + k["dur"]
+    return max(busy, key=busy.get)
+
+
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The intervals merged into sorted, disjoint ones."""
     merged: list[list[float]] = []
