@@ -659,7 +659,8 @@ def fsdp_units(
     ag_bwd = [a if (regathers and k != "head") else 0.0 for a, k in zip(ag, kinds)]
     if plan.hw.is_cpu:  # gloo runs on the same cores as the compute: nothing overlaps
         return sum(ag) + regathers * sum(ag_bwd) + sum(rs)
-    copy_in = [fsdp_gather_copy_in(plan)[k] for k in kinds]  # before each gather, on FSDP2's copy-in stream
+    per_kind = fsdp_gather_copy_in(plan)
+    copy_in = [per_kind[k] for k in kinds]  # before each gather, on FSDP2's copy-in stream
     ci_bwd = [c if (regathers and k != "head") else 0.0 for c, k in zip(copy_in, kinds)]
     fwd = [p[0] for p in passes]
     bwd = [p[1] for p in passes]
