@@ -88,8 +88,8 @@ except ImportError:  # CPU machines: --dry-run needs no Triton
     _copy = None
 
 
-def calls(sh: dict[str, int]) -> dict[str, object]:
-    """A call of each target on tensors of its shapes (bf16, CUDA)."""
+def calls(sh: dict[str, int]) -> list:
+    """A call of each target of `targets(sh)`, in its order, on tensors of its shapes (bf16, CUDA)."""
     import torch
     import torch.nn.functional as F
 
@@ -101,7 +101,7 @@ def calls(sh: dict[str, int]) -> dict[str, object]:
     w1 = torch.randn(f, d, dtype=bf, device=dev)
     fns = [lambda: a * g, lambda: F.silu(a), lambda: x + y, lambda: F.rms_norm(x, (d,), w), lambda: xq.float(),
            lambda: x @ w1.t()]  # fmt: skip
-    return {label: fn for (label, _, _), fn in zip(targets(sh), fns)}
+    return fns
 
 
 def run(sh: dict[str, int], ctas: int, loops: int, repeat: int) -> dict:
@@ -135,9 +135,7 @@ def run(sh: dict[str, int], ctas: int, loops: int, repeat: int) -> dict:
         sides[kind] = {"ms_per_pass": alone * 1e3, "rate_gbps": 2 * n * 2 / alone / 1e9,
                        "c": 2 * n * 2 / alone / device_rate}  # fmt: skip
     rows = []
-    for label, fn in calls(sh).items():
-        kind = next(k for lbl, k, _ in targets(sh) if lbl == label)
-        nbytes = next(b for lbl, _, b in targets(sh) if lbl == label)
+    for (label, kind, nbytes), fn in zip(targets(sh), calls(sh)):
 
         def loop(fn=fn):
             for _ in range(loops):

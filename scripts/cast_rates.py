@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fsdp_copy_rates import trace_arguments  # noqa: E402
+from fsdp_copy_rates import DTYPE_BYTES, trace_arguments  # noqa: E402
 
 from torchtitan.estimate.trace_terms import (  # noqa: E402
     compute_stream,
@@ -36,7 +36,7 @@ from torchtitan.estimate.trace_terms import (  # noqa: E402
     union,
 )
 
-_DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
+# the dtypes whose conversions are timed (float8 casts are priced with the float8 casts, not here)
 _SHORT = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
 
 
@@ -61,14 +61,14 @@ def cast_rates(path: str | Path) -> list[dict]:
         if len(dims) < 2 or len(types) < 2 or not dims[1]:
             continue
         dst, src = types[0], types[1]  # copy_(self, src)
-        if src == dst or src not in _DTYPE_BYTES or dst not in _DTYPE_BYTES:
+        if src == dst or src not in _SHORT or dst not in _SHORT:
             continue
         kind = (
             "vectorized" if "vectorized" in k["name"] else "unrolled" if "unrolled" in k["name"] else "other"
         )
         key = (_SHORT[src], _SHORT[dst], tuple(dims[1]), kind)
         g = groups.setdefault(key, {"copies": 0, "alone": [], "bytes": math.prod(dims[1]) * (
-            _DTYPE_BYTES[src] + _DTYPE_BYTES[dst])})  # fmt: skip
+            DTYPE_BYTES[src] + DTYPE_BYTES[dst])})  # fmt: skip
         g["copies"] += 1
         span = [(k["ts"], k["ts"] + k["dur"])]
         if k["dur"] - uncovered(span, others) < 1e-3:  # nothing beside it (to a nanosecond)

@@ -52,7 +52,7 @@ from torchtitan.estimate.trace_terms import (  # noqa: E402
     union,
 )
 
-_DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "c10::Float8_e4m3fn": 1}
+DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "c10::Float8_e4m3fn": 1}
 _TEMPLATE_DTYPES = re.compile(r"(?:chunk_cat_cuda_kernel|CopyFunctor|UnaryOpFunctor)<([^,>]+)(?:, ([^,>]+))?")
 KINDS = ("gather_copy_in", "copy_out", "reduce_copy_in")
 
@@ -81,11 +81,11 @@ def _element_bytes(op: dict, kernel: str) -> int:
     """Bytes per element a kernel of `op` reads and writes: (source + destination) dtype sizes."""
     m = _TEMPLATE_DTYPES.search(kernel)
     if m:
-        dst = _DTYPE_BYTES.get(m.group(1).strip())
-        src = _DTYPE_BYTES.get((m.group(2) or "").strip(), dst)  # UnaryOpFunctor<T, depth, ...>: one dtype
+        dst = DTYPE_BYTES.get(m.group(1).strip())
+        src = DTYPE_BYTES.get((m.group(2) or "").strip(), dst)  # UnaryOpFunctor<T, depth, ...>: one dtype
         if dst:
             return dst + src
-    recorded = _DTYPE_BYTES.get((op.get("args", {}).get("Input type") or [""])[0])
+    recorded = DTYPE_BYTES.get((op.get("args", {}).get("Input type") or [""])[0])
     if recorded:
         return 2 * recorded
     raise ValueError(f"no dtype for {op['name']}'s kernel {kernel[:80]!r}")
