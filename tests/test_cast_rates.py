@@ -1,7 +1,7 @@
 """torch's dtype-converting copies timed in a CUDA trace (scripts/cast_rates.py) and the estimator's pricing of eager
-RoPE's bf16 -> fp32 upcasts (steptime.eager_rope_upcast_extra, rates.EAGER_UPCAST_FRACTION): the script on a trace
+bf16 -> fp32 upcasts (steptime.eager_upcast_extra and upcast_extra, rates.eager_upcast_gbps): the script on a trace
 written by hand, the constant against the figures the script gave on the H200 traces of docs/performance.md, command
-f, and where the estimator adds the upcasts' time."""
+f, the rate per SM and clock against two other parts' measurements, and where the estimator adds the upcasts' time."""
 
 import json
 import statistics
@@ -12,6 +12,7 @@ from conftest import import_script
 from torchtitan.config import parse_args
 from torchtitan.estimate import rates, steptime
 from torchtitan.estimate.plan import build_plan
+from torchtitan.metrics.hardware import device_spec
 
 CASTS = import_script("cast_rates")
 
@@ -83,13 +84,64 @@ def test_the_upcast_fraction_is_the_measured_median_and_prices_eager_ropes_upcas
     r = steptime.Rates(plan)
     s = plan.shape
     nbytes = (2 + 4) * (s.h + s.kv)  # bf16 read, fp32 written, for every element of q and k
-    want = nbytes / (rates.EAGER_UPCAST_FRACTION * plan.hw.hbm_gbps * 1e9) - nbytes / r.hbm
-    assert steptime.eager_rope_upcast_extra(plan, r) == pytest.approx((want, want), rel=1e-9)
+    want = nbytes / (rates.EAGER_UPCAST_FRACTION * 4800e9) - nbytes / r.hbm  # the H200 at its boost clock
+    assert steptime.eager_upcast_extra(plan, r) == pytest.approx((want, want), rel=1e-9)
     assert want > 0
     # a compiled block runs RoPE in one kernel; nothing to upcast in fp32 activations
     for flags in (["--compile.enable=true"], ["--training.mixed_precision_param=float32"]):
         p = _plan(*flags)
-        assert steptime.eager_rope_upcast_extra(p, steptime.Rates(p)) == (0.0, 0.0), flags
+        assert steptime.eager_upcast_extra(p, steptime.Rates(p)) == (0.0, 0.0), flags
+
+
+# The same unrolled path timed on other parts (rates.py, EAGER_UPCAST_BYTES_PER_SM_CYCLE): GB/s, set on nothing
+UPCAST_CHECKS = {
+    # pytorch/pytorch#195542's control: bf16 -> fp32, 1,111 GB/s
+    "A100": 67_108_864 * 6 / 362.46e-6 / 1e9,
+    # #137053's "before": fp32 -> fp16 unrolled, 1,448 GB/s
+    "H100 PCIe": 536_870_912 * 6 / 2.22478736e-3 / 1e9,
+}
+
+
+def test_the_upcast_rate_is_bytes_per_sm_and_clock_and_holds_on_the_parts_that_check_it():
+    """7.03 bytes per SM and cycle, from the H200's 0.383 of 4,800 GB/s over 132 SMs at 1,980 MHz, gives the two
+    other parts' measured rates within 5 %, where the H200's fraction of their bandwidth (the rule until session
+    60) is 30-47 % below them; a locked clock slows it in proportion; a part without a known boost clock keeps
+    the fraction."""
+    assert rates.EAGER_UPCAST_BYTES_PER_SM_CYCLE == pytest.approx(7.034, abs=1e-3)
+    assert rates.eager_upcast_gbps("H200") == pytest.approx(0.383 * 4800, rel=1e-9)
+    for device, measured in UPCAST_CHECKS.items():
+        assert rates.eager_upcast_gbps(device) == pytest.approx(measured, rel=0.05), device
+        fraction_rule = rates.EAGER_UPCAST_FRACTION * device_spec(device).hbm_gbps
+        assert fraction_rule < 0.75 * measured, device
+    assert rates.eager_upcast_gbps("H200", 1500) == pytest.approx(0.383 * 4800 * 1500 / 1980, rel=1e-9)
+    assert rates.eager_upcast_gbps("MI300X") is None
+    mi = _plan("--estimate.hardware=mi300x")
+    r = steptime.Rates(mi)
+    s = mi.shape
+    nbytes = (2 + 4) * (s.h + s.kv)
+    want = nbytes / (rates.EAGER_UPCAST_FRACTION * mi.hw.hbm_gbps * 1e9) - nbytes / r.hbm
+    assert steptime.eager_upcast_extra(mi, r)[0] == pytest.approx(want, rel=1e-9)
+
+
+def test_the_composite_norms_and_the_eager_losss_upcasts_are_priced_too():
+    """The composite RMSNorm upcasts its input forward and its output gradient backward (two norms a block); torch's
+    eager loss upcasts the logits forward; a loss on the bf16 logits or a compiled loss upcasts nothing."""
+    fused, composite = _plan(), _plan("--estimate.eager_rms_norm=composite")
+    r = steptime.Rates(fused)
+    per_element = steptime.upcast_extra(fused, r, 1)
+    assert per_element > 0
+    extra = steptime.eager_upcast_extra(composite, r)[0] - steptime.eager_upcast_extra(fused, r)[0]
+    assert extra == pytest.approx(2 * composite.shape.d_s * per_element, rel=1e-9)
+    tokens = fused.tokens_per_pass
+    logits = tokens * fused.loss_vocab
+    loss = {}
+    for name, flags in {"torch": [], "bf16": ["--estimate.eager_loss=bf16"],
+                        "compiled": ["--compile.enable=true", "--compile.components=model,loss"]}.items():  # fmt: skip
+        p = _plan(*flags)
+        loss[name] = steptime.head_pass(p, steptime.Rates(p), tokens).loss
+        assert loss[name] - logits * steptime.loss_bytes_per_logit(p) / r.hbm == pytest.approx(
+            logits * per_element if name == "torch" else 0.0, rel=1e-9, abs=1e-15
+        ), name
 
 
 def test_a_blocks_elementwise_time_holds_the_upcasts(monkeypatch):
@@ -97,12 +149,11 @@ def test_a_blocks_elementwise_time_holds_the_upcasts(monkeypatch):
     for mode in ("none", "full"):
         plan = _plan(f"--activation_checkpoint.mode={mode}")
         r = steptime.Rates(plan)
-        extra, _ = steptime.eager_rope_upcast_extra(plan, r)
+        extra, _ = steptime.eager_upcast_extra(plan, r)
         tokens = plan.tokens_per_pass
         with_upcasts = steptime.block_pass(plan, r, mode, tokens)
-        monkeypatch.setattr(
-            rates, "EAGER_UPCAST_FRACTION", r.hbm / (plan.hw.hbm_gbps * 1e9)
-        )  # the elementwise rate
+        elementwise = r.hbm / 1e9  # the upcasts at the elementwise rate
+        monkeypatch.setattr(rates, "eager_upcast_gbps", lambda *_, gbps=elementwise: gbps)
         without = steptime.block_pass(plan, r, mode, tokens)
         monkeypatch.undo()
         assert with_upcasts.elementwise - without.elementwise == pytest.approx(2 * extra * tokens, rel=1e-9)

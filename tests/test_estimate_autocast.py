@@ -19,7 +19,7 @@ from torchtitan.estimate.steptime import (
     autocast_weight_cast_bytes,
     block_pass,
     eager_norm_extra,
-    eager_rope_upcast_extra,
+    eager_upcast_extra,
     elementwise_bytes,
 )
 
@@ -69,7 +69,7 @@ def test_autocast_bytes_are_priced_in_eager_blocks_only():
     a_f, a_b, _ = autocast_eager_bytes(plan)
     w = autocast_weight_cast_bytes(plan, plan.block_linears)
     norm_f, norm_b = eager_norm_extra(plan, r)  # the fused norms at their measured rate (H100: the H200's)
-    up_f, up_b = eager_rope_upcast_extra(plan, r)  # RoPE's bf16 -> fp32 upcasts at their measured rate
+    up_f, up_b = eager_upcast_extra(plan, r)  # the bf16 -> fp32 upcasts at their measured rate
     assert norm_f > 0 and norm_b > 0 and up_f > 0 and up_b > 0
     expected = ((ew_f + ew_b + a_f + a_b) * tokens + 2 * w) / r.hbm + (norm_f + norm_b + up_f + up_b) * tokens
     assert block_pass(plan, r, "op", tokens).elementwise == pytest.approx(expected)

@@ -954,9 +954,41 @@ FSDP_REDUCE_COPY_IN_FRACTION = 0.406
 FSDP_GATHER_COPY_IN_CONTENTION = 0.140
 
 # torch's CUDA copy from bf16 to fp32 (a dtype-converting aten::copy_: `.float()`, the gradient of `.type_as()` from
-# fp32) runs an unrolled, non-vectorized elementwise kernel; the reverse copy is vectorized. Measured by
-# scripts/cast_rates.py on the no-AC and full-AC eager traces above (8B at 1 x 4096, the kernels no other stream
-# overlapped): RoPE's upcast of q (4096 x 32 x 128) at 0.382 / 0.385 and of k (4096 x 8 x 128) at 0.402 / 0.349 of the
-# H200's 4,800 GB/s, where its downcasts reach 0.85-0.86 (q) and the elementwise rate. The median of the four; on every
-# part as a fraction of its bandwidth (an assumption: one part measured).
+# fp32, autocast's cast to fp32) runs an unrolled, non-vectorized elementwise kernel that converts each element through
+# dynamic-cast loads and stores; the reverse copy is vectorized (pytorch/pytorch#137053, 2024-10: casts to fp16 / bf16
+# vectorized on H100 and later). Measured by scripts/cast_rates.py on the no-AC and full-AC eager traces above (8B at
+# 1 x 4096, the kernels no other stream overlapped): RoPE's upcast of q (4096 x 32 x 128) at 0.382 / 0.385 and of k
+# (4096 x 8 x 128) at 0.402 / 0.349 of the H200's 4,800 GB/s, where its downcasts reach 0.85-0.86 (q) and the
+# elementwise rate. The median of the four:
 EAGER_UPCAST_FRACTION = 0.383
+# The kernel is bound by its instructions, not by the memory: it moves a fixed number of bytes per SM and clock,
+# 0.383 x 4,800 GB/s over the H200's 132 SMs at 1,980 MHz = 7.03. Checked, set on nothing, on two other parts with
+# the same unrolled path: an A100 converting 67,108,864 bf16 elements to fp32 in 362.46 us (pytorch/pytorch#195542,
+# 2026-09, its "control"), 1,111 GB/s where 108 SMs x 1,410 MHz x 7.03 give 1,071 (-3.6 %; 0.55 of an 80 GB A100's
+# bandwidth, not 0.38); a power-limited H100 PCIe converting 536,870,912 fp32 elements to fp16 in 2.225 ms before
+# #137053 vectorized that direction, 1,448 GB/s where 114 SMs x 1,755 MHz x 7.03 give 1,407 (-2.8 %; 0.71 of its 2 TB/s).
+# So a part's upcast rate is min(the elementwise rate, 7.03 x its SMs x its SM clock: the boost clock, or the clock
+# it is locked at); parts whose boost clock is not listed here keep the H200's fraction of their bandwidth (an
+# assumption; ROCm's own vectorized upcast, pytorch/pytorch#163869, 2025-09, is not separated out).
+EAGER_UPCAST_BYTES_PER_SM_CYCLE = EAGER_UPCAST_FRACTION * 4800e9 / (132 * 1980e6)
+# Boost SM clocks (MHz): the 700 W Hopper parts and the B200 as in LOCKABLE_CLOCK (the H800 and GH200 their twin's);
+# A100 1,410 (NVIDIA's A100 architecture whitepaper, "GPU Boost Clock"); H100 PCIe 1,755 (NVIDIA's H100 PCIe product
+# brief, "max boost clock"). The GB200, B300 and GB300 take the B200's (an assumption: the same 148-SM die family).
+BOOST_CLOCK_MHZ = {
+    "A100": 1410.0,
+    "A100 40GB": 1410.0,
+    "H100 SXM": 1980.0,
+    "H100 PCIe": 1755.0,
+    "H200": 1980.0,
+    **{d: 1965.0 for d in BLACKWELL_DEVICES},
+}
+
+
+def eager_upcast_gbps(device: str, sm_clock_mhz: float | None = None) -> float | None:
+    """GB/s torch's unrolled bf16 -> fp32 copy sustains on `device`: EAGER_UPCAST_BYTES_PER_SM_CYCLE x its SMs x
+    its clock (`sm_clock_mhz` where locked, else the boost clock); None where the boost clock is not known (the
+    caller takes EAGER_UPCAST_FRACTION of the part's bandwidth)."""
+    boost = BOOST_CLOCK_MHZ.get(silicon(device))
+    if boost is None:
+        return None
+    return EAGER_UPCAST_BYTES_PER_SM_CYCLE * gemm_source(device)[0].sms * (sm_clock_mhz or boost) * 1e6 / 1e9

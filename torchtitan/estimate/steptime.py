@@ -236,16 +236,30 @@ def eager_swiglu_extra(plan: Plan, r: Rates) -> tuple[float, float]:
     return fwd, bwd
 
 
-def eager_rope_upcast_extra(plan: Plan, r: Rates) -> tuple[float, float]:
-    """(forward, backward) seconds per token a block's eager RoPE takes beyond its bytes at the elementwise rate
-    (r.hbm) for its bf16 -> fp32 upcasts of q and k (forward: the activations, `.float()`; backward: their
-    gradients, the gradient of `.type_as()`), which torch runs as an unrolled copy at rates.EAGER_UPCAST_FRACTION of
-    the part's bandwidth (its downcasts are vectorized, at the elementwise rate). Zero for compiled blocks (RoPE in
-    one kernel), fp32 activations (nothing to upcast) and CPUs."""
-    if plan.compile_model or plan.hw.is_cpu or plan.act_bytes != 2:
+def upcast_extra(plan: Plan, r: Rates, elements: float) -> float:
+    """Seconds `elements` bf16 -> fp32 upcasts take beyond their bytes ((b + 4) each) at the elementwise rate (r.hbm):
+    torch runs a dtype-converting copy from bf16 to fp32 as an unrolled, non-vectorized kernel, bound by its
+    instructions (rates.eager_upcast_gbps: bytes per SM and clock; the downcast back is vectorized: the
+    elementwise rate).
+    Zero where nothing is upcast (fp32 activations) and on CPUs."""
+    if plan.hw.is_cpu or plan.act_bytes != 2:
+        return 0.0
+    gbps = rates.eager_upcast_gbps(plan.hw.name, plan.hw.sm_clock_mhz)
+    fraction = rates.EAGER_UPCAST_FRACTION if gbps is None else gbps / plan.hw.hbm_gbps
+    return _beyond_elementwise(plan, r, (plan.act_bytes + 4) * elements, fraction)
+
+
+def eager_upcast_extra(plan: Plan, r: Rates) -> tuple[float, float]:
+    """(forward, backward) seconds per token a block's eager upcasts take beyond their bytes at the elementwise rate
+    (upcast_extra): RoPE's upcasts of q and k (forward the activations, `.float()`; backward their gradients, the
+    gradient of `.type_as()`) and, for the composite RMSNorm (`--estimate.eager_rms_norm=composite`), each norm's
+    upcast of its input forward and of its output gradient backward (the gradient of its downcast). Zero for
+    compiled blocks (Inductor fuses the casts)."""
+    if plan.compile_model:
         return 0.0, 0.0
     s = plan.shape
-    extra = _beyond_elementwise(plan, r, (plan.act_bytes + 4) * (s.h + s.kv), rates.EAGER_UPCAST_FRACTION)
+    elements = s.h + s.kv + (0 if s.fused_norm else 2 * s.d_s)
+    extra = upcast_extra(plan, r, elements)
     return extra, extra
 
 
@@ -430,7 +444,7 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     for extra_f, extra_b in (
         eager_norm_extra(plan, r),
         eager_swiglu_extra(plan, r),
-        eager_rope_upcast_extra(plan, r),
+        eager_upcast_extra(plan, r),
     ):
         t_ef, t_eb = t_ef + extra_f * tokens, t_eb + extra_b * tokens
         t_er += extra_f * tokens if recomputes_elementwise(mode) else 0.0
@@ -567,6 +581,8 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
         p.loss = tokens * vocab * r.loss_per_logit
     else:
         p.loss = tokens * vocab * loss_bytes_per_logit(plan) / r.hbm
+        if not plan.compile_loss and plan.cfg.estimate.eager_loss != "bf16":  # the logits' `.float()`
+            p.loss += tokens * vocab * upcast_extra(plan, r, 1)
     p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
     w = autocast_weight_cast_bytes(plan, [plan.head]) / r.hbm  # the output weight's cast (tied: the table's)
     p.elementwise += 2 * w
