@@ -19,7 +19,9 @@ while the copy runs beside it, and the measured stretch is printed beside the ru
 targets) or SMs / (SMs - k) (the GEMM beside the CTA copy; 1 beside the engine).
 
 Targets: one block's eager memory-bound ops at the estimator's 8B shapes for 1 x 4096 tokens (the SwiGLU product,
-SiLU, a residual add, the fused RMSNorm, RoPE's upcast of q to fp32) and w1's forward GEMM as the control.
+SiLU, a residual add, the fused RMSNorm, RoPE's upcast of q to fp32 and its downcast back) and w1's forward GEMM as
+the control. The upcast's rate alone is also printed beside the estimator's (rates.eager_upcast_gbps: bytes per SM
+and clock, at the part's boost clock; the downcast at the elementwise rate), a check of that rule on this part.
 Output: a table on stdout and results.json under --out.
 """
 
@@ -57,6 +59,7 @@ def targets(sh: dict[str, int]) -> list[tuple[str, str, int]]:
         ("residual add", "memory", 3 * t * d * b),
         ("rms_norm (fused)", "memory", 2 * t * d * b + d * b),
         ("rope upcast (q to fp32)", "memory", t * q * (b + 4)),
+        ("rope downcast (q to bf16)", "memory", t * q * (4 + b)),
         ("w1 forward (GEMM)", "gemm", (t * d + f * d + t * f) * b),
     ]
 
@@ -98,9 +101,9 @@ def calls(sh: dict[str, int]) -> list:
     a, g = torch.randn(t, f, dtype=bf, device=dev), torch.randn(t, f, dtype=bf, device=dev)
     x, y = torch.randn(t, d, dtype=bf, device=dev), torch.randn(t, d, dtype=bf, device=dev)
     w, xq = torch.ones(d, dtype=bf, device=dev), torch.randn(t, q, dtype=bf, device=dev)
-    w1 = torch.randn(f, d, dtype=bf, device=dev)
+    w1, xq32 = torch.randn(f, d, dtype=bf, device=dev), torch.randn(t, q, device=dev)
     fns = [lambda: a * g, lambda: F.silu(a), lambda: x + y, lambda: F.rms_norm(x, (d,), w), lambda: xq.float(),
-           lambda: x @ w1.t()]  # fmt: skip
+           lambda: xq32.bfloat16(), lambda: x @ w1.t()]  # fmt: skip
     return fns
 
 
@@ -153,6 +156,23 @@ def run(sh: dict[str, int], ctas: int, loops: int, repeat: int) -> dict:
     return {"sms": sms, "device_gbps": device_rate / 1e9, "ctas": ctas, "copies": sides, "targets": rows}
 
 
+def upcast_rule(device: str) -> dict:
+    """The estimator's rates for this part's upcast and downcast (GB/s): rates.eager_upcast_gbps at its boost clock
+    (or the H200's fraction of its bandwidth where no boost clock is listed) and the elementwise rate."""
+    from torchtitan.estimate import rates
+    from torchtitan.estimate.efficiency import DEFAULT
+    from torchtitan.metrics.hardware import device_spec, match_device
+
+    key = match_device(device)
+    if key is None:
+        return {}
+    hbm = device_spec(key).hbm_gbps
+    gbps = rates.eager_upcast_gbps(key)
+    return {"part": key, "upcast_gbps": gbps if gbps is not None else rates.EAGER_UPCAST_FRACTION * hbm,
+            "downcast_gbps": DEFAULT.hbm * hbm, "bytes_per_sm_cycle": rates.EAGER_UPCAST_BYTES_PER_SM_CYCLE,
+            "boost_mhz": rates.BOOST_CLOCK_MHZ.get(rates.silicon(key))}  # fmt: skip
+
+
 def print_run(res: dict) -> None:
     c, e = res["copies"]["ctas"], res["copies"]["engine"]
     print(f"device: {res['sms']} SMs, {res['device_gbps']:.0f} GB/s sustained (full-grid copy)")
@@ -166,6 +186,28 @@ def print_run(res: dict) -> None:
         b, g = r["beside"]["ctas"], r["beside"]["engine"]
         print(f"| {r['target']} | {r['alone_us']:.1f} | {r['alone_gbps']:.0f} | {b['us']:.1f} | {b['stretch']:.2f} |"
               f" {b['rule']:.2f} | {g['us']:.1f} | {g['stretch']:.2f} | {g['rule']:.2f} |")  # fmt: skip
+    line = upcast_line(res)
+    if line:
+        print(line)
+
+
+def upcast_line(res: dict) -> str | None:
+    """The upcast's and downcast's rates alone against the estimator's (None on a part the table does not know)."""
+    est = res.get("upcast_rule") or {}
+    if not est:
+        return None
+    alone = {r["target"]: r["alone_gbps"] for r in res["targets"]}
+    up, down = alone["rope upcast (q to fp32)"], alone["rope downcast (q to bf16)"]
+    per_cycle = ""
+    if est["boost_mhz"]:
+        per_cycle = (
+            f", {up * 1e3 / (res['sms'] * est['boost_mhz']):.2f} bytes per SM and clock at the boost clock"
+        )
+    return (
+        f"upcast alone {up:.0f} GB/s{per_cycle}; the estimator's {est['part']}: {est['upcast_gbps']:.0f} GB/s"
+        f" ({up / est['upcast_gbps']:.2f}x); downcast {down:.0f} GB/s, the elementwise rate {est['downcast_gbps']:.0f}"
+        f" ({down / est['downcast_gbps']:.2f}x)"
+    )
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -201,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_bandwidth_beside_ring: needs a CUDA GPU and Triton (use --dry-run to list the targets)",
               file=sys.stderr)  # fmt: skip
         return 2
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "shapes": sh,
+    name = torch.cuda.get_device_name(0)
+    res = {"device": name, "torch": torch.__version__, "shapes": sh, "upcast_rule": upcast_rule(name),
            **run(sh, a.ctas, a.loops, a.repeat)}  # fmt: skip
     print_run(res)
     if a.out:

@@ -480,3 +480,18 @@ def test_bandwidth_beside_ring_refuses_bad_arguments_and_a_machine_without_a_gpu
         assert bw.main([]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err
+
+
+def test_bandwidth_beside_ring_checks_the_upcast_rule_on_the_part():
+    """The bench prints the upcast's rate alone beside rates.eager_upcast_gbps for the part it runs on (an H100
+    SXM: 132 SMs at 1,980 MHz x 7.03 bytes), and the downcast's beside the elementwise rate."""
+    rule = bw.upcast_rule("NVIDIA H100 80GB HBM3")
+    assert rule["part"] == "H100 SXM" and rule["boost_mhz"] == 1980.0
+    assert rule["upcast_gbps"] == pytest.approx(7.034 * 132 * 1980 / 1e3, rel=1e-3)
+    assert bw.upcast_rule("a part nobody knows") == {}
+    targets = [{"target": "rope upcast (q to fp32)", "alone_gbps": 1800.0},
+               {"target": "rope downcast (q to bf16)", "alone_gbps": 2700.0}]  # fmt: skip
+    line = bw.upcast_line({"upcast_rule": rule, "targets": targets, "sms": 132})
+    assert line.startswith("upcast alone 1800 GB/s, 6.89 bytes per SM and clock at the boost clock;")
+    assert "the estimator's H100 SXM: 1838 GB/s (0.98x)" in line and "(1.01x)" in line
+    assert bw.upcast_line({"upcast_rule": {}, "targets": targets, "sms": 132}) is None
