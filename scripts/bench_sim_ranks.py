@@ -104,6 +104,10 @@ def reference_rows() -> dict:
     return {r["id"]: r for r in data["training"]}
 
 
+# torchtitan 0.2.2's float8 converter on every linear but the output head, as ours
+PEER_FLOAT8 = ["--model.converters=quantize.linear.float8", "--quantize.linear.float8.filter_fqns=output"]
+
+
 def peer_args(ours: list[str]) -> list[str]:
     """Our override keys as torchtitan 0.2.2's command line."""
     out = []
@@ -116,10 +120,9 @@ def peer_args(ours: list[str]) -> list[str]:
         elif key == "--compile.components":
             out.append(arg)
         elif arg == "--float8.enable=true":
-            out += [
-                "--model.converters=quantize.linear.float8",
-                "--quantize.linear.float8.filter_fqns=output",
-            ]
+            out += PEER_FLOAT8
+        elif arg == "--float8.enable=false":  # a variant turning a row's float8 off
+            out = [x for x in out if x not in PEER_FLOAT8]
         elif key in FLOAT8_FLAGS and value == "true":  # the same switches, under its quantize section
             out.append(f"--quantize.linear.float8.{key.split('.')[-1]}")
         else:

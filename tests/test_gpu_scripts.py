@@ -301,6 +301,10 @@ def test_sim_ranks_bad_arguments_are_one_line_exit_2(tok128k, capsys):
         "--quantize.linear.float8.enable_fsdp_float8_all_gather",
         "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
     ]
+    # a variant turning a float8 row's float8 off takes the converter off the peer's line too
+    assert sim.peer_args(["--float8.enable=true", "--compile.enable=true", "--float8.enable=false"]) == [
+        "--compile.enable"
+    ]
     assert sim.main([f"--tokenizer={tok128k}", "--dry-run"]) == 0  # the default (memory) rows build
     capsys.readouterr()
 
