@@ -144,6 +144,35 @@ def test_the_composite_norms_and_the_eager_losss_upcasts_are_priced_too():
         ), name
 
 
+def test_autocasts_upcasts_are_its_gradients_and_its_fp32_stream_has_no_norm_upcast():
+    """On one device (autocast from fp32 parameters) the residual stream is fp32: the composite norm upcasts nothing;
+    backward upcasts each stream-input linear's input gradient (five per block) and each weight gradient to the fp32
+    parameter's dtype (per pass, in the block and in the never-compiled head)."""
+    one = ["--estimate.num_devices=1", "--training.mixed_precision_param=bfloat16"]
+    fused, composite = _plan(*one), _plan(*one, "--estimate.eager_rms_norm=composite")
+    assert fused.autocast and fused.stream_bytes == 4
+    r = steptime.Rates(fused)
+    per_element = steptime.upcast_extra(fused, r, 1)
+    s = fused.shape
+    assert steptime.eager_upcast_extra(composite, r) == steptime.eager_upcast_extra(fused, r)
+    up_f, up_b = steptime.eager_upcast_extra(fused, r)
+    assert up_f == pytest.approx((s.h + s.kv) * per_element, rel=1e-9)
+    assert up_b - up_f == pytest.approx(5 * s.d * per_element, rel=1e-9)
+    params = sum(lin.in_features * lin.out_features for lin in fused.block_linears)
+    assert steptime.autocast_weight_grad_upcast(fused, r, fused.block_linears) == pytest.approx(
+        params * per_element, rel=1e-9
+    )
+    fsdp = _plan()  # 8 devices: FSDP's bf16 stream, no autocast
+    assert steptime.autocast_weight_grad_upcast(fsdp, steptime.Rates(fsdp), fsdp.block_linears) == 0.0
+    tokens = fused.tokens_per_pass
+    casts = 2 * steptime.autocast_weight_cast_bytes(fused, [fused.head]) / r.hbm
+    up_head = steptime.autocast_weight_grad_upcast(fused, r, [fused.head])
+    assert up_head > 0
+    for p in (fused, _plan(*one, "--compile.enable=true")):  # compiled blocks, the head eager all the same
+        head = steptime.head_pass(p, steptime.Rates(p), tokens).elementwise
+        assert head == pytest.approx(6 * 2 * s.d * tokens / r.hbm + casts + up_head, rel=1e-9)
+
+
 def test_a_blocks_elementwise_time_holds_the_upcasts(monkeypatch):
     """block_pass adds the upcasts' extra time forward and backward (and to the recompute under full AC)."""
     for mode in ("none", "full"):

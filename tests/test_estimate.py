@@ -467,11 +467,20 @@ def test_gh200_runs_the_h100_die_on_a_four_gpu_mesh_node():
     from torchtitan.estimate.plan import build_plan
 
     h100 = estimate(*EIGHT_B)["compute_detail_s"]
-    for hw, tbps in (("gh200", 4.0), ("gh200-144gb", 4.9)):
+    with pytest.MonkeyPatch.context() as mp:  # the upcasts at a fraction of the bandwidth, as the rest
+        mp.setattr(rates, "eager_upcast_gbps", lambda *_: None)
+        by_bandwidth = estimate(*EIGHT_B)["compute_detail_s"]
+        for hw, tbps in (("gh200", 4.0), ("gh200-144gb", 4.9)):
+            got = estimate(*EIGHT_B, f"--estimate.hardware={hw}")["compute_detail_s"]
+            assert got["matmul"] == pytest.approx(h100["matmul"])
+            assert got["attention"] == pytest.approx(h100["attention"])
+            assert got["elementwise"] == pytest.approx(by_bandwidth["elementwise"] * 3.35 / tbps)
+    for hw, tbps in (
+        ("gh200", 4.0),
+        ("gh200-144gb", 4.9),
+    ):  # the die's unrolled upcasts do not speed up with it
         got = estimate(*EIGHT_B, f"--estimate.hardware={hw}")["compute_detail_s"]
-        assert got["matmul"] == pytest.approx(h100["matmul"])
-        assert got["attention"] == pytest.approx(h100["attention"])
-        assert got["elementwise"] == pytest.approx(h100["elementwise"] * 3.35 / tbps)
+        assert h100["elementwise"] * 3.35 / tbps < got["elementwise"] < h100["elementwise"]
     none = ("--activation_checkpoint.mode=none",)  # ~138 GB a GPU
     assert not estimate(*EIGHT_B, *none, "--estimate.hardware=gh200")["fits"]
     assert estimate(*EIGHT_B, *none, "--estimate.hardware=gh200-144gb")["fits"]
@@ -562,11 +571,19 @@ def test_a_locked_sm_clock_slows_compute_only_where_it_binds_before_the_power_li
     assert fb["compute"] < lb["compute"] < fb["compute"] / factor
     assert locked["hardware"]["sm_clock_mhz"] == 1500.0 and free["hardware"]["sm_clock_mhz"] is None
     assert "SM clock locked at 1500 MHz" in training_report(locked).splitlines()[1]
-    for hw, clock in (("b200", 1665), ("h200", 1940)):
-        assert (
-            estimate(*one, f"--estimate.hardware={hw}", f"--estimate.sm_clock_mhz={clock}")["step_time_s"]
-            == (estimate(*one, f"--estimate.hardware={hw}")["step_time_s"])
-        )
+    for hw, clock in (
+        ("b200", 1665),
+        ("h200", 1940),
+    ):  # the GEMMs and attention as free; the upcasts at the clock
+        got = estimate(*one, f"--estimate.hardware={hw}", f"--estimate.sm_clock_mhz={clock}")[
+            "compute_detail_s"
+        ]
+        unlocked = estimate(*one, f"--estimate.hardware={hw}")["compute_detail_s"]
+        assert (got["matmul"], got["attention"]) == (unlocked["matmul"], unlocked["attention"])
+        assert got["elementwise"] > unlocked["elementwise"]
+    assert rates.eager_upcast_gbps("H200", 1500) == pytest.approx(
+        rates.eager_upcast_gbps("H200") * 1500 / 1980
+    )
     assert rates.compute_factor("H100 SXM", 500.0, 1500) == rates.power_factor("H100 SXM", 500.0)
     assert rates.compute_factor("H200", None, 1500) == pytest.approx(factor)
 
@@ -576,6 +593,8 @@ def test_a_model_kept_in_bf16_and_stepped_by_plain_sgd_holds_and_moves_fewer_byt
     gradients 2 B each, AdamW's moments 4 B, no autocast casts; plain SGD (no momentum) keeps no state and its step
     reads each parameter and gradient and writes the parameter. The trainer's own step computes the gradient norm
     every step and scales by it only when training.max_norm > 0."""
+    from torchtitan.estimate import steptime
+    from torchtitan.estimate.plan import build_plan
     from torchtitan.estimate.steptime import ADAMW_BYTES_PER_PARAM, CLIP_NORM_BYTES, CLIP_SCALE_BYTES
 
     one = ["--model.flavor=1B", "--estimate.num_devices=1", "--training.local_batch_size=1"]
@@ -600,10 +619,15 @@ def test_a_model_kept_in_bf16_and_stepped_by_plain_sgd_holds_and_moves_fewer_byt
     assert opt["sgd"] == pytest.approx(p * 3 * 2 / hbm)
     # no autocast: no weight casts and a bf16 residual stream, so less compute than the trainer's autocast
     assert bf16["step_time_breakdown_s"]["compute"] < trainer["step_time_breakdown_s"]["compute"]
-    # the loss on the bf16 logits as they come: 6 x 2 bytes a logit against the upcast one's 32 + 2 x 2
+    # the loss on the bf16 logits as they come: 6 x 2 bytes a logit against the upcast one's 32 + 2 x 2, whose
+    # upcast (2 + 4 of them) runs at the unrolled copy's rate
     hf_loss = estimate(*one, "--estimate.model_dtype=bfloat16", "--estimate.eager_loss=bf16")
     loss = [r["compute_detail_s"]["loss"] for r in (bf16, hf_loss)]
-    assert loss[1] == pytest.approx(loss[0] * 6 * 2 / (32 + 2 * 2))
+    plan = build_plan(parse_args([*H100, *one, "--estimate.model_dtype=bfloat16"]))
+    logits = plan.tokens_per_pass * plan.loss_vocab  # one pass a step (batch 1, no accumulation)
+    upcast = logits * steptime.upcast_extra(plan, steptime.Rates(plan), 1)
+    assert upcast > 0
+    assert loss[1] == pytest.approx((loss[0] - upcast) * 6 * 2 / (32 + 2 * 2))
     assert hf_loss["memory_breakdown_gib"]["logits_loss"] == pytest.approx(
         bf16["memory_breakdown_gib"]["logits_loss"] / 2
     )

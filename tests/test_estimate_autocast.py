@@ -17,6 +17,7 @@ from torchtitan.estimate.steptime import (
     Rates,
     autocast_eager_bytes,
     autocast_weight_cast_bytes,
+    autocast_weight_grad_upcast,
     block_pass,
     eager_norm_extra,
     eager_upcast_extra,
@@ -70,8 +71,11 @@ def test_autocast_bytes_are_priced_in_eager_blocks_only():
     w = autocast_weight_cast_bytes(plan, plan.block_linears)
     norm_f, norm_b = eager_norm_extra(plan, r)  # the fused norms at their measured rate (H100: the H200's)
     up_f, up_b = eager_upcast_extra(plan, r)  # the bf16 -> fp32 upcasts at their measured rate
-    assert norm_f > 0 and norm_b > 0 and up_f > 0 and up_b > 0
-    expected = ((ew_f + ew_b + a_f + a_b) * tokens + 2 * w) / r.hbm + (norm_f + norm_b + up_f + up_b) * tokens
+    up_w = autocast_weight_grad_upcast(plan, r, plan.block_linears)  # the weight gradients' upcasts, per pass
+    assert norm_f > 0 and norm_b > 0 and up_f > 0 and up_b > up_f and up_w > 0
+    expected = (
+        ((ew_f + ew_b + a_f + a_b) * tokens + 2 * w) / r.hbm + (norm_f + norm_b + up_f + up_b) * tokens + up_w
+    )
     assert block_pass(plan, r, "op", tokens).elementwise == pytest.approx(expected)
     compiled = build_plan(parse_args([*ONE_H100, *SAC_OP, "--compile.enable=true"]))
     assert autocast_eager_bytes(compiled) == (0.0, 0.0, 0.0)

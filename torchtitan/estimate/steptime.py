@@ -252,19 +252,39 @@ def upcast_extra(plan: Plan, r: Rates, elements: float) -> float:
 def eager_upcast_extra(plan: Plan, r: Rates) -> tuple[float, float]:
     """(forward, backward) seconds per token a block's eager upcasts take beyond their bytes at the elementwise rate
     (upcast_extra): RoPE's upcasts of q and k (forward the activations, `.float()`; backward their gradients, the
-    gradient of `.type_as()`) and, for the composite RMSNorm (`--estimate.eager_rms_norm=composite`), each norm's
-    upcast of its input forward and of its output gradient backward (the gradient of its downcast). Zero for
-    compiled blocks (Inductor fuses the casts)."""
+    gradient of `.type_as()`); for the composite RMSNorm (`--estimate.eager_rms_norm=composite`) on a bf16 residual
+    stream, each norm's upcast of its input forward and of its output gradient backward (the gradient of its
+    downcast; on autocast's fp32 stream both casts are no-ops); under autocast, backward, the gradient of each
+    stream-input linear's cast of its fp32 input (autocast_eager_bytes' n_cast casts). Zero for compiled blocks
+    (Inductor fuses the casts)."""
     if plan.compile_model:
         return 0.0, 0.0
     s = plan.shape
-    elements = s.h + s.kv + (0 if s.fused_norm else 2 * s.d_s)
-    extra = upcast_extra(plan, r, elements)
-    return extra, extra
+    fwd = s.h + s.kv + (0 if s.fused_norm or plan.stream_bytes != plan.act_bytes else 2 * s.d_s)
+    bwd = fwd
+    if plan.autocast:
+        bwd += stream_input_casts(plan) * s.d
+    return upcast_extra(plan, r, fwd), upcast_extra(plan, r, bwd)
+
+
+def autocast_weight_grad_upcast(plan: Plan, r: Rates, linears) -> float:
+    """Seconds per pass that autocast's conversions of `linears`' bf16 weight gradients to their fp32 parameters'
+    dtype (the backward of autocast_weight_cast_bytes' casts) take beyond their bytes at the elementwise rate, in an
+    eager pass: the unrolled upcast (upcast_extra). Zero without autocast."""
+    if not plan.autocast:
+        return 0.0
+    return upcast_extra(
+        plan, r, sum(lin.in_features * lin.out_features for lin in linears if not lin.float8) / plan.tp
+    )
 
 
 # the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output)
 STREAM_INPUT_LINEARS = ("wq", "wk", "wv", "w1", "w3")
+
+
+def stream_input_casts(plan: Plan) -> int:
+    """How many of a block's linears cast a normed residual-stream tensor under autocast (one cast each)."""
+    return sum(1 for lin in plan.block_linears if lin.name in STREAM_INPUT_LINEARS)
 
 
 def autocast_eager_bytes(plan: Plan) -> tuple[float, float, float]:
@@ -286,7 +306,7 @@ def autocast_eager_bytes(plan: Plan) -> tuple[float, float, float]:
         return 0.0, 0.0, 0.0
     s, b, sb = plan.shape, plan.act_bytes, plan.stream_bytes
     wide = sb - b  # the stream's extra bytes per element over the activation dtype
-    n_cast = sum(1 for lin in plan.block_linears if lin.name in STREAM_INPUT_LINEARS)
+    n_cast = stream_input_casts(plan)
     add = 2 * wide * s.d_s  # one residual add's extra: the stream read and written wider
     # fused: one kernel reads x and writes y (backward: reads dy and x, writes dx), all sb-byte elements;
     # composite: its upcast of the input and downcast of the output (b + 4 bytes each) are no-ops on fp32
@@ -448,6 +468,8 @@ def block_pass(plan: Plan, r: Rates, mode: str, tokens: float) -> Pass:
     ):
         t_ef, t_eb = t_ef + extra_f * tokens, t_eb + extra_b * tokens
         t_er += extra_f * tokens if recomputes_elementwise(mode) else 0.0
+    if not plan.compile_model:
+        t_eb += autocast_weight_grad_upcast(plan, r, plan.block_linears)
     in_place = block_in_place(plan)
     if in_place is not None:
         scale = in_place * tokens / (t_ef + t_eb)
@@ -585,7 +607,7 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
             p.loss += tokens * vocab * upcast_extra(plan, r, 1)
     p.elementwise = 6 * b * plan.args.dim * tokens / r.hbm
     w = autocast_weight_cast_bytes(plan, [plan.head]) / r.hbm  # the output weight's cast (tied: the table's)
-    p.elementwise += 2 * w
+    p.elementwise += 2 * w + autocast_weight_grad_upcast(plan, r, [plan.head])  # the head is never compiled
     relayout = 0.0
     if plan.tp > 1 and not plan.loss_parallel:
         # the gathered logits arrive stacked on dim 0 (NCCL's layout) and are re-laid onto the vocabulary
