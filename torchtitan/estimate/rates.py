@@ -955,8 +955,8 @@ FSDP_GATHER_COPY_IN_CONTENTION = 0.140
 
 # torch's CUDA copy from bf16 to fp32 (a dtype-converting aten::copy_: `.float()`, the gradient of `.type_as()` from
 # fp32, autocast's cast to fp32) runs an unrolled, non-vectorized elementwise kernel that converts each element through
-# dynamic-cast loads and stores; the reverse copy is vectorized (pytorch/pytorch#137053, 2024-10: casts to fp16 / bf16
-# vectorized on H100 and later). Measured by scripts/cast_rates.py on the no-AC and full-AC eager traces above (8B at
+# dynamic-cast loads and stores; the reverse copy is vectorized (pytorch/pytorch#137053, 2024-10, named for H100+:
+# aten/src/ATen/native/cuda/Copy.cu sends every fp32 -> bf16 / fp16 copy to gpu_kernel_nocast, on every part). Measured by scripts/cast_rates.py on the no-AC and full-AC eager traces above (8B at
 # 1 x 4096, the kernels no other stream overlapped): RoPE's upcast of q (4096 x 32 x 128) at 0.382 / 0.385 and of k
 # (4096 x 8 x 128) at 0.402 / 0.349 of the H200's 4,800 GB/s, where its downcasts reach 0.85-0.86 (q) and the
 # elementwise rate. The median of the four:

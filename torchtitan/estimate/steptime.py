@@ -240,8 +240,7 @@ def upcast_extra(plan: Plan, r: Rates, elements: float) -> float:
     """Seconds `elements` bf16 -> fp32 upcasts take beyond their bytes ((b + 4) each) at the elementwise rate (r.hbm):
     torch runs a dtype-converting copy from bf16 to fp32 as an unrolled, non-vectorized kernel, bound by its
     instructions (rates.eager_upcast_gbps: bytes per SM and clock; the downcast back is vectorized: the
-    elementwise rate).
-    Zero where nothing is upcast (fp32 activations) and on CPUs."""
+    elementwise rate). Zero where nothing is upcast (fp32 activations) and on CPUs."""
     if plan.hw.is_cpu or plan.act_bytes != 2:
         return 0.0
     gbps = rates.eager_upcast_gbps(plan.hw.name, plan.hw.sm_clock_mhz)
@@ -270,12 +269,8 @@ def eager_upcast_extra(plan: Plan, r: Rates) -> tuple[float, float]:
 def autocast_weight_grad_upcast(plan: Plan, r: Rates, linears) -> float:
     """Seconds per pass that autocast's conversions of `linears`' bf16 weight gradients to their fp32 parameters'
     dtype (the backward of autocast_weight_cast_bytes' casts) take beyond their bytes at the elementwise rate, in an
-    eager pass: the unrolled upcast (upcast_extra). Zero without autocast."""
-    if not plan.autocast:
-        return 0.0
-    return upcast_extra(
-        plan, r, sum(lin.in_features * lin.out_features for lin in linears if not lin.float8) / plan.tp
-    )
+    eager pass: the unrolled upcast (upcast_extra). Zero without autocast (autocast_cast_params)."""
+    return upcast_extra(plan, r, autocast_cast_params(plan, linears))
 
 
 # the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output)
@@ -325,10 +320,15 @@ def autocast_weight_cast_bytes(plan: Plan, linears) -> float:
     hold the same conversions, the recast in backward under per-op SAC and full AC, none without AC, which keeps the
     bf16 copies (scripts/compiled_weight_casts.py); no kernel fuses a cast into the matmul it feeds. A float8 linear
     casts its fp32 weight to float8 itself (priced with the float8 casts)."""
+    return autocast_cast_params(plan, linears) * (4 + plan.act_bytes)
+
+
+def autocast_cast_params(plan: Plan, linears) -> float:
+    """Parameters of `linears` on this rank whose fp32 weights autocast casts (none without autocast; a float8
+    linear casts its own)."""
     if not plan.autocast:
         return 0.0
-    params = sum(lin.in_features * lin.out_features for lin in linears if not lin.float8) / plan.tp
-    return params * (4 + plan.act_bytes)
+    return sum(lin.in_features * lin.out_features for lin in linears if not lin.float8) / plan.tp
 
 
 FLOAT8_TP_GROUPS = {
