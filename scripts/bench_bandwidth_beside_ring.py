@@ -166,10 +166,9 @@ def upcast_rule(device: str) -> dict:
     key = match_device(device)
     if key is None:
         return {}
-    hbm = device_spec(key).hbm_gbps
-    gbps = rates.eager_upcast_gbps(key)
-    return {"part": key, "upcast_gbps": gbps if gbps is not None else rates.EAGER_UPCAST_FRACTION * hbm,
-            "downcast_gbps": DEFAULT.hbm * hbm, "bytes_per_sm_cycle": rates.EAGER_UPCAST_BYTES_PER_SM_CYCLE,
+    return {"part": key, "upcast_gbps": rates.eager_upcast_gbps(key),
+            "downcast_gbps": DEFAULT.hbm * device_spec(key).hbm_gbps,
+            "bytes_per_sm_cycle": rates.EAGER_UPCAST_BYTES_PER_SM_CYCLE,
             "boost_mhz": rates.BOOST_CLOCK_MHZ.get(rates.silicon(key))}  # fmt: skip
 
 

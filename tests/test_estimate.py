@@ -468,7 +468,7 @@ def test_gh200_runs_the_h100_die_on_a_four_gpu_mesh_node():
 
     h100 = estimate(*EIGHT_B)["compute_detail_s"]
     with pytest.MonkeyPatch.context() as mp:  # the upcasts at a fraction of the bandwidth, as the rest
-        mp.setattr(rates, "eager_upcast_gbps", lambda *_: None)
+        mp.setattr(rates, "BOOST_CLOCK_MHZ", {})
         by_bandwidth = estimate(*EIGHT_B)["compute_detail_s"]
         for hw, tbps in (("gh200", 4.0), ("gh200-144gb", 4.9)):
             got = estimate(*EIGHT_B, f"--estimate.hardware={hw}")["compute_detail_s"]

@@ -971,24 +971,24 @@ EAGER_UPCAST_FRACTION = 0.383
 # it is locked at); parts whose boost clock is not listed here keep the H200's fraction of their bandwidth (an
 # assumption; ROCm's own vectorized upcast, pytorch/pytorch#163869, 2025-09, is not separated out).
 EAGER_UPCAST_BYTES_PER_SM_CYCLE = EAGER_UPCAST_FRACTION * 4800e9 / (132 * 1980e6)
-# Boost SM clocks (MHz): the 700 W Hopper parts and the B200 as in LOCKABLE_CLOCK (the H800 and GH200 their twin's);
-# A100 1,410 (NVIDIA's A100 architecture whitepaper, "GPU Boost Clock"); H100 PCIe 1,755 (NVIDIA's H100 PCIe product
-# brief, "max boost clock"). The GB200, B300 and GB300 take the B200's (an assumption: the same 148-SM die family).
+# Boost SM clocks (MHz): the parts of LOCKABLE_CLOCK (the 700 W Hopper parts and the B200; the H800 and GH200 take
+# their twin's); A100 1,410 (NVIDIA's A100 architecture whitepaper, "GPU Boost Clock"); H100 PCIe 1,755 (NVIDIA's H100
+# PCIe product brief, "max boost clock"). The GB200, B300 and GB300 take the B200's (an assumption: the same 148-SM
+# die family).
 BOOST_CLOCK_MHZ = {
+    **{d: boost for d, (boost, _) in LOCKABLE_CLOCK.items()},
     "A100": 1410.0,
     "A100 40GB": 1410.0,
-    "H100 SXM": 1980.0,
     "H100 PCIe": 1755.0,
-    "H200": 1980.0,
-    **{d: 1965.0 for d in BLACKWELL_DEVICES},
+    **{d: LOCKABLE_CLOCK["B200"][0] for d in BLACKWELL_DEVICES},
 }
 
 
-def eager_upcast_gbps(device: str, sm_clock_mhz: float | None = None) -> float | None:
+def eager_upcast_gbps(device: str, sm_clock_mhz: float | None = None, hbm_gbps: float | None = None) -> float:
     """GB/s torch's unrolled bf16 -> fp32 copy sustains on `device`: EAGER_UPCAST_BYTES_PER_SM_CYCLE x its SMs x
-    its clock (`sm_clock_mhz` where locked, else the boost clock); None where the boost clock is not known (the
-    caller takes EAGER_UPCAST_FRACTION of the part's bandwidth)."""
+    its clock (`sm_clock_mhz` where locked, else the boost clock); where the boost clock is not known,
+    EAGER_UPCAST_FRACTION of the part's bandwidth (`hbm_gbps`, default the hardware table's)."""
     boost = BOOST_CLOCK_MHZ.get(silicon(device))
     if boost is None:
-        return None
+        return EAGER_UPCAST_FRACTION * (hbm_gbps or device_spec(device).hbm_gbps)
     return EAGER_UPCAST_BYTES_PER_SM_CYCLE * gemm_source(device)[0].sms * (sm_clock_mhz or boost) * 1e6 / 1e9

@@ -243,9 +243,8 @@ def upcast_extra(plan: Plan, r: Rates, elements: float) -> float:
     elementwise rate). Zero where nothing is upcast (fp32 activations) and on CPUs."""
     if plan.hw.is_cpu or plan.act_bytes != 2:
         return 0.0
-    gbps = rates.eager_upcast_gbps(plan.hw.name, plan.hw.sm_clock_mhz)
-    fraction = rates.EAGER_UPCAST_FRACTION if gbps is None else gbps / plan.hw.hbm_gbps
-    return _beyond_elementwise(plan, r, (plan.act_bytes + 4) * elements, fraction)
+    gbps = rates.eager_upcast_gbps(plan.hw.name, plan.hw.sm_clock_mhz, plan.hw.hbm_gbps)
+    return _beyond_elementwise(plan, r, (plan.act_bytes + 4) * elements, gbps / plan.hw.hbm_gbps)
 
 
 def eager_upcast_extra(plan: Plan, r: Rates) -> tuple[float, float]:
