@@ -3,6 +3,8 @@ builds for both sides, scripts/gpu_check.sh's CPU mode, and the `cuda` marker th
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 import subprocess
 import sys
@@ -499,3 +501,64 @@ def test_bandwidth_beside_ring_checks_the_upcast_rule_on_the_part():
     assert line.startswith("upcast alone 1800 GB/s, 6.89 bytes per SM and clock at the boost clock;")
     assert "the estimator's H100 SXM: 1838 GB/s (0.98x)" in line and "(1.01x)" in line
     assert bw.upcast_line({"upcast_rule": {}, "targets": targets, "sms": 132}) is None
+
+
+hf = import_script("bench_hf_llama")
+
+
+def test_hf_llama_bad_arguments_are_one_line_exit_2(capsys):
+    for argv, want in (
+        (["--backends=cudnn,foo"], "--backends: foo; valid: cudnn, flash, math"),
+        (["--configs=6-2048"], "'6-2048' is not BATCHxSEQ"),
+        (["--configs=0x2048"], "needs a batch >= 1"),
+        (["--configs=6x2048", "--profile=1x16384"], "--profile 1x16384: not in --configs"),
+        (["--iters=0"], "need warmup >= 0 and iters >= 1"),
+    ):
+        assert hf.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and want in err[0], (argv, err)
+    r = subprocess.run(  # as a user runs it on a machine without CUDA: one line, exit 2, nothing on stdout
+        [sys.executable, "scripts/bench_hf_llama.py"],
+        cwd=ROOT,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1].startswith("error: --device cuda: no CUDA device here")
+
+
+def test_hf_llama_flags_and_figures_are_the_reference_rows():
+    """Each published row of the source: its seconds are batch x seq over the row's tokens/s, and the script's
+    estimator flags are the row's own (its hardware and clock aside, which the script takes from the device)."""
+    from torchtitan.estimate.validation import load_reference
+
+    published = hf.published_s()
+    rows = [r for r in load_reference()["training"] if r["source"] == hf.SOURCE]
+    assert len(rows) == 24 and {k: len(v) for k, v in published.items()} == {"H200": 12, "B200": 12}
+    # the CSV's full digits (artifacts/h200_training_timing.csv: CUDNN_ATTENTION,1,16384,0.4235471987724304)
+    assert published["H200"][("cudnn", 1, 16384)] == pytest.approx(0.4235471987724304, rel=1e-6)
+    for row in rows:
+        part, b, s, backend = re.match(r"^(h200|b200)_.*_b(\d+)_s(\d+)_(cudnn|flash)_", row["id"]).groups()
+        b, s = int(b), int(s)
+        keep = [f for f in row["args"] + row["estimate_args"]
+                if not f.startswith(("--estimate.hardware=", "--estimate.sm_clock_mhz="))]  # fmt: skip
+        assert set(hf.estimate_flags(b, s, backend)) == {*keep, "--estimate.num_devices=1",
+                                                          "--estimate.accuracy=false"}, row["id"]  # fmt: skip
+        assert published[part.upper()][(backend, b, s)] == pytest.approx(b * s / row["tokens_per_sec"])
+
+
+def test_hf_llama_runs_times_and_profiles_on_cpu(tmp_path, capsys):
+    argv = ["--model=tiny", "--device=cpu", "--backends=math", "--configs=2x64,1x128", "--profile=1x128",
+            "--warmup=1", "--iters=2", f"--out={tmp_path}"]  # fmt: skip
+    assert hf.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "1x128 math, one profiled iteration against the estimate:" in out
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["model"] == "tiny" and [(r["batch"], r["seq"]) for r in doc["runs"]] == [(2, 64), (1, 128)]
+    assert all(r["s_per_iter"] > 0 and r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["s_per_iter"])
+               for r in doc["runs"])  # fmt: skip
+    profiled = doc["runs"][1]
+    assert "trace" not in doc["runs"][0] and (tmp_path / profiled["trace"]).exists()
+    terms = profiled["measured_terms"]
+    assert terms["device"] == "cpu" and terms["terms"]["matmul"] > 0 and terms["terms"]["attention"] > 0
