@@ -2377,6 +2377,53 @@ def test_bf16_model_under_fsdp_keeps_its_states_in_bf16():
     )
 
 
+def test_per_linear_tp_inputs_add_the_collectives_counted_for_that_plan():
+    """--estimate.tp_inputs=linear (KempnerForge's plan: each column-wise linear redistributes its own input) prices
+    what 2 gloo ranks counted for a block of that plan (docs/estimate_log.md, "Per-linear TP inputs"): the backward
+    reduces 5 input gradients where a module-level plan reduces 2 (reduce-scatters under sequence parallelism,
+    all-reduces without), and an eager forward under sequence parallelism all-gathers 5 times (3 for the attention's
+    input, 2 for the MLP's; again in the recompute), which torch.compile's CSE merges back to 2."""
+    from torchtitan.estimate import steptime
+
+    base = ["--model.flavor=8B", "--estimate.hardware=h100-sxm", "--estimate.num_devices=8",
+            "--parallelism.tensor_parallel_degree=4", "--parallelism.data_parallel_shard_degree=2",
+            "--training.local_batch_size=2", "--training.seq_len=4096", "--activation_checkpoint.mode=full"]  # fmt: skip
+
+    def comm(*argv: str) -> tuple[float, float, float, float, float]:
+        p = build_plan(parse_args([*base, *argv]))
+        r = steptime.Rates(p)
+        tokens = 2 * 4096
+        one = tokens * p.args.dim * p.act_bytes
+        unit = {k: steptime._ring(p, r, one, 4, 1, k) for k in ("all_gather", "reduce_scatter", "all_reduce")}
+        return (*steptime.tp_block_comm(p, r, tokens, "full"), unit, p)
+
+    for compiled in ("true", "false"):
+        c = f"--compile.enable={compiled}"
+        f0, rec0, b0, u, p = comm(c)
+        f1, rec1, b1, _, _ = comm(c, "--estimate.tp_inputs=linear")
+        assert p.sequence_parallel
+        assert b1 - b0 == pytest.approx(3 * u["reduce_scatter"])
+        extra_ag = 0.0 if compiled == "true" else 3 * u["all_gather"]
+        assert f1 - f0 == pytest.approx(extra_ag) and rec1 - rec0 == pytest.approx(extra_ag)
+    f0, rec0, b0, u, p = comm("--parallelism.enable_sequence_parallel=false")
+    f1, rec1, b1, _, _ = comm("--parallelism.enable_sequence_parallel=false", "--estimate.tp_inputs=linear")
+    assert not p.sequence_parallel
+    assert (
+        (f1, rec1) == (f0, rec0)
+        and b1 - b0 == pytest.approx(3 * u["all_reduce"])
+        and b0 == 2 * u["all_reduce"]
+    )
+    est = {
+        x: estimate_plan(build_plan(parse_args([*base, f"--estimate.tp_inputs={x}"])))
+        for x in ("module", "linear")
+    }
+    assert (
+        est["linear"]["step_time_breakdown_s"]["tp_comm_exposed"]
+        > est["module"]["step_time_breakdown_s"]["tp_comm_exposed"]
+    )
+    assert est["linear"]["memory_gib"] == est["module"]["memory_gib"]
+
+
 def test_replicated_tp_embedding_holds_the_whole_table_on_every_tp_rank():
     """--estimate.tp_embedding=replicated (KempnerForge's TP plan): the token embedding is not split over the TP
     ranks, so each holds the whole table over its FSDP shards (parameters, gradients, moments), gathers all of it,

@@ -196,16 +196,15 @@ _CRUSOE = (
 )
 _KEMPNER_TP = (
     "KempnerForge's MFU report (Llama-3 7B / 13B / 70B shapes, seq 4096, full AC, compiled, fused AdamW, bf16"
-    " parameters; 1-8 nodes of 4 H200, code 01b461a, 2026-04; out of sample, twelfth pass), the one-node TP rows"
-    " of the 7B shape: TP 2 +22.7 %, TP 4 +20.5 % (TP 2 x FSDP 2 +13.5 %, within), published 2.49 s a step for"
-    " TP 2. Priced on the way: the framework's TP without loss parallel (this trainer's own plan), the 4-GPU"
-    " board as a mesh (session 47: a pair of its GPUs has a third of the node's NVLink; +36.6 % before), the"
-    " full-AC recompute stopping before w2 (session 44), and since session 49 its loss on the bf16 logits"
-    " (--estimate.eager_loss=bf16, +1.5 / +2.8 points: the loss of the whole vocabulary on every TP rank is"
-    " cheaper than the upcast one priced before) and its bf16 model (--estimate.model_dtype=bfloat16, +3.0 / +3.3"
-    " points: without an FSDP wrapper here, no weight casts), and its replicated embedding"
-    " (--estimate.tp_embedding=replicated, -0.0 / -0.2 points). Not priced: forward hooks re-wrapping"
-    " attention / MLP outputs as DTensors inside the compiled model, FSDP2 over a size-1 mesh under pure TP."
+    " parameters; 1-8 nodes of 4 H200, code 01b461a, 2026-04; out of sample, twelfth pass), the one-node TP 2 row of"
+    " the 7B shape: +16.4 % (TP 4 +14.4 % and TP 2 x FSDP 2 +8.1 %, within), published 2.49 s a step. Priced on the"
+    " way: the framework's TP without loss parallel (this trainer's own plan), the 4-GPU board as a mesh (session"
+    " 47: a pair of its GPUs has a third of the node's NVLink; +36.6 % before), the full-AC recompute stopping"
+    " before w2 (session 44), since session 49 its loss on the bf16 logits (--estimate.eager_loss=bf16), its bf16"
+    " model (--estimate.model_dtype=bfloat16) and its replicated embedding (--estimate.tp_embedding=replicated),"
+    " and since session 61 its TP plan's per-linear inputs (--estimate.tp_inputs=linear: q, k, v and gate, up each"
+    " redistribute their input, so the compiled backward reduce-scatters 5 input gradients a block, not 2, as counted"
+    " on this project's CPU; +22.7 / +20.5 % before). Not priced: FSDP2 over a size-1 mesh under pure TP."
     " 20-step runs, the last 5 averaged: not explained"
 )
 _YAFSDP = (
@@ -387,29 +386,28 @@ _BAISYA_3D = (
     " not stated: not explained"
 )
 _KEMPNER_NO_SYNC = (
-    "KempnerForge's TP 4 x FSDP rows across nodes (MFU report, weak-scaling campaign, config validation; 4-GPU H200"
-    " nodes, NDR InfiniBand, gradient accumulation 4 or 8 under FSDP2's set_requires_gradient_sync(False)). Since"
-    " session 49 the accumulation is priced as it ran (--estimate.dp_grad_sync=step: one reduce-scatter a step and"
-    " the unsharded fp32 gradients added each micro-step, where every micro-step's reduce-scatter had been priced)"
-    " and the loss on bf16 logits, bf16 model and replicated TP embedding as they ran: 70B TP 4 x FSDP 8 / 16 /"
-    " 24 / 32 / 40 +11.5 / +6.2 / +8.6 / +6.8 / +7.7 -> +25.6 / +21.1 / +24.1 / +22.1 / +23.4 %, 7B TP 4 x FSDP 2 /"
-    " 3 / 4 / 8 +14.3 / +9.0 / +15.1 / +17.3 -> +16.2 / +16.3 / +17.1 / +18.7 % (since session 59, FSDP2's gather"
-    " copy-in on its own stream, 70B +25.2 / +20.7 / +23.7 / +21.7 / +23.1 %, 7B +15.5 / +16.0 / +16.6 / +18.2 %;"
-    " the 7B TP 4 x FSDP 2 row was inside in session 58 at +14.6 %), while the 13B rows of the same"
-    " layouts stay within (+1.3 .. +11.5 %); the 175B row, at accumulation 1, is -15.2 % (_KEMPNER_175B). The fit before rested on"
-    " reduce-scatters that did not run; the row's own memory says no_sync ran (70B TP 4 x FSDP 8: 93.2 GB of"
-    " torch's allocated: 93.2 GiB estimated with the unsharded fp32 gradients held, 29.5 without, before the"
-    " replicated embedding was mapped; 96.9 with it), and 23 of the framework's 24 memory figures are within 10 %."
-    " Since session 58 (FSDP2's own copies priced as measured on an H200) they are 0.4-1.5 points lower, the 7B"
-    " TP 4 x FSDP 2 row inside (+14.6 %). The NICs per node are not stated (400 Gb/s per GPU assumed; at 200 the 175B row would be about -30 %):"
-    " not explained"
+    "KempnerForge's 70B TP 4 x FSDP rows across nodes (MFU report, weak-scaling campaign; 4-GPU H200 nodes, NDR"
+    " InfiniBand, gradient accumulation 4 or 8 under FSDP2's set_requires_gradient_sync(False)). Since session 49 the"
+    " accumulation is priced as it ran (--estimate.dp_grad_sync=step: one reduce-scatter a step and the unsharded"
+    " fp32 gradients added each micro-step, where every micro-step's reduce-scatter had been priced) and the loss on"
+    " bf16 logits, bf16 model and replicated TP embedding as they ran: 70B TP 4 x FSDP 8 / 16 / 24 / 32 / 40 +11.5 /"
+    " +6.2 / +8.6 / +6.8 / +7.7 -> +25.6 / +21.1 / +24.1 / +22.1 / +23.4 %; since session 61, its TP plan's"
+    " per-linear inputs (5 backward reduce-scatters a block, --estimate.tp_inputs=linear), +22.2 / +17.9 / +20.9 /"
+    " +19.0 / +20.3 %, where the 7B rows of the same layouts came inside (TP 4 x FSDP 2 / 3 / 4 / 8 +10.6 / +10.9 /"
+    " +11.8 / +13.6 %) and the 13B rows stay within (-2.4 .. +6.7 %); the 175B row, at accumulation 1, is -17.2 %"
+    " (_KEMPNER_175B). The fit before session 49 rested on reduce-scatters that did not run; the row's own memory"
+    " says no_sync ran (70B TP 4 x FSDP 8: 93.2 GB of torch's allocated: 93.2 GiB estimated with the unsharded fp32"
+    " gradients held, 29.5 without, before the replicated embedding was mapped; 96.9 with it), and the framework's"
+    " memory figures outside pipeline parallelism are within 10 %, but one (the 175B's). The NICs per node are not"
+    " stated (400 Gb/s per GPU assumed; at 200 the 175B row would be about -30 %): not explained"
 )
 _KEMPNER_175B = (
     "KempnerForge's 175B run (360 H200 in 4-GPU nodes, TP 4 x FSDP 90, batch 8 x 4096, no accumulation, full AC,"
     " compile, 2026-07; out of sample, thirteenth pass): -19.2 % as first estimated, within the goal since"
     " (-14.6 %), -15.2 % since session 49 maps the framework's replicated TP embedding (the 1.58B-parameter table"
     " gathered whole over 90 nodes on every TP rank), its bf16 model and loss: estimated step 22.5 s against the"
-    " published 19.09 s, FSDP's exposure 4.05 s of it. Each FSDP ring has one rank on each of 90 nodes, as under TP"
+    " published 19.09 s, FSDP's exposure 4.05 s of it; -17.2 % since session 61 maps its TP plan's per-linear"
+    " inputs (--estimate.tp_inputs=linear: 3 more backward reduce-scatters a block). Each FSDP ring has one rank on each of 90 nodes, as under TP"
     " 8 in torchtitan's 405B rows, which are also estimated slow; the same framework's accumulating TP 4 x FSDP"
     " rows are estimated fast (+16 .. +26 % for 7B and 70B): the network per node is the unstated assumption"
     " (400 Gb/s per GPU): not explained"
@@ -424,16 +422,26 @@ _KEMPNER_175B_MEM = (
 _KEMPNER_TP_PP = (
     "KempnerForge's config validation report (code 601aba9, 2026-04; out of sample, twenty-fifth pass): the"
     " three pipeline rows, PP x FSDP x TP 4 on 8 nodes of 4 H200, 1F1B with 4 / 8 / 4 micro-batches, eager"
-    " (compile off), full AC, FSDP resharding after every micro-batch's forward: 13B PP 2 +73.9 %, 29B PP 2"
-    " +95.2 %, 70B PP 4 +78.7 % (+71.1 / +98.5 / +82.0 % as first estimated; since, FSDP's accumulation of"
-    " unsharded gradients priced, the loss on bf16 logits, bf16 model and replicated TP embedding mapped),"
-    " published steps 4.99 / 5.78 / 4.29 s"
-    " against about 2.9 / 3.0 / 2.4 estimated (the bubble and the re-gathers priced). The same report's FSDP 4"
-    " and FSDP 32 rows fit (+9.2 / +3.9 %); Baisya's GB200"
-    " sweep has PP 4 x FSDP 2 within the goal and FSDP 2 x TP 2 x PP 2 at +26 .. +34 %: pipeline"
-    " parallelism and TP are each priced, their combination is not. Eager DTensor dispatch on a host that"
-    " torch's pipelining blocks at every receive would be a per-operation cost, which Baisya's compiled rows"
-    " (the missing time growing with the tokens) do not show: not explained"
+    " (compile off), full AC, FSDP resharding after every micro-batch's forward: 13B PP 2 +37.8 %, 29B PP 2"
+    " +65.4 %, 70B PP 4 +51.2 % (+71.1 / +98.5 / +82.0 % as first estimated; +71.5 / +93.2 / +76.0 % after FSDP's"
+    " accumulation of unsharded gradients, the loss on bf16 logits, bf16 model and replicated TP embedding were"
+    " mapped; since session 61 the framework's TP on a pipeline stage as it runs, without sequence parallelism"
+    " (+46.7 / +74.4 / +58.5 % by itself) and with its per-linear inputs, whose 5 backward all-reduces a block"
+    " replace 2), published steps 4.99 / 5.78 / 4.29 s against about 3.6 / 3.5 / 2.8 estimated. Not priced: the"
+    " output head on a pipeline stage is not TP-sharded in that plan (each TP rank runs the whole vocabulary's"
+    " projection; tensor_parallel.py parallelizes it only with sequence parallelism). The same report's FSDP 4 and"
+    " FSDP 32 rows fit (+9.0 / +3.7 %); Baisya's GB200 sweep has PP 4 x FSDP 2 within the goal and FSDP 2 x TP 2 x"
+    " PP 2 at +20 .. +32 %: pipeline parallelism and TP are each priced, their combination is not: not explained"
+)
+_KEMPNER_PP_MEM = (
+    "KempnerForge's config validation report (code 601aba9; out of sample, twenty-fifth pass), rank 0's peak (torch's"
+    " max allocated, the first stage) of the 13B PP 2 and 70B PP 4 rows (PP x FSDP x TP 4, 1F1B, full AC, eager):"
+    " 24.0 / 51.0 GiB published, +15.1 / +10.4 % estimated since session 61 maps the framework's TP on a pipeline"
+    " stage without sequence parallelism (its plan's seq_parallel = not is_pp_stage), which puts each block's saved"
+    " input and the recompute's norms at the whole sequence on every TP rank (-9.8 / +1.9 % with sequence"
+    " parallelism, as mapped before; the 29B row +7.1 %, -0.5 % before). Under full AC a stage keeps its blocks'"
+    " inputs for the micro-batches in flight (on rank 0, 2 of the PP 2 row's 4 micro-batches, all 4 of the PP 4"
+    " row's): the memory sits between the two mappings: not explained"
 )
 _BAISYA_CP = (
     "Baisya's torchtitan sweep on 8 GB200 (out of sample, twenty-first pass), FSDP 2 x TP 2 x CP 2 at 32 x"
@@ -589,15 +597,11 @@ OUTSIDE: dict[tuple[str, str], str] = {
         (f"{r}_sac_op_eager_crusoe", "tokens/s/device"): _CRUSOE
         for r in ("h100_8b_fsdp128_b2", "h100_8b_fsdp32_b2")
     },
-    **{(f"h200x4_7b_{m}_kempnerforge", "tokens/s/device"): _KEMPNER_TP for m in ("tp2", "tp4")},
+    ("h200x4_7b_tp2_kempnerforge", "tokens/s/device"): _KEMPNER_TP,
     **{
         (f"h200x4_{m}", "tokens/s/device"): _KEMPNER_NO_SYNC
         for m in (
-            "7b_tp4_fsdp2_kempnerforge",
-            "7b_tp4_fsdp4_kempnerforge",
-            "7b_tp4_fsdp8_kempnerforge",
             "70b_tp4_fsdp8_kempnerforge",
-            "7b_tp4_fsdp3_kempnerforge_cv",
             *(f"70b_tp4_fsdp{n}_kempnerforge_weak" for n in (16, 24, 32, 40)),
         )
     },
@@ -606,6 +610,10 @@ OUTSIDE: dict[tuple[str, str], str] = {
     **{
         (f"h200x4_{m}_kempnerforge_cv", "tokens/s/device"): _KEMPNER_TP_PP
         for m in ("13b_pp2_fsdp4_tp4", "29b_pp2_fsdp4_tp4", "70b_pp4_fsdp2_tp4")
+    },
+    **{
+        (f"h200x4_{m}_kempnerforge_cv", "memory GiB"): _KEMPNER_PP_MEM
+        for m in ("13b_pp2_fsdp4_tp4", "70b_pp4_fsdp2_tp4")
     },
     **{
         (f"a100_{r}_b1_none_eager_yafsdp", "tokens/s/device"): _YAFSDP

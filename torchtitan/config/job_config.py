@@ -562,6 +562,14 @@ class Estimate:
         " = the whole table on every TP rank, its output sliced for sequence parallelism (KempnerForge's TP plan:"
         " for runs of that software)",
     )
+    tp_inputs: Literal["module", "linear"] = opt(
+        "module",
+        "where a TP plan redistributes the attention's and the MLP's input: module (this trainer and torchtitan:"
+        " PrepareModuleInput, one collective for wq, wk, wv and one for w1, w3) or linear = each column-wise linear"
+        " redistributes its own input (KempnerForge's plan: for runs of that software), so the backward reduces 5"
+        " input gradients a block instead of 2, and under sequence parallelism an eager forward all-gathers 5 times"
+        " (torch.compile's CSE merges those to 2)",
+    )
     model_dtype: Literal["trainer", "bfloat16"] = opt(
         "trainer",
         "the dtype parameters, gradients and optimizer states are kept in: trainer (fp32, bf16 compute by FSDP2's"

@@ -855,6 +855,18 @@ def async_tp_unfused(plan: Plan, r: Rates, tokens: float, modes: list[str]) -> f
     return 2 * rs * len(modes)
 
 
+# A TP plan that gives each column-wise linear its own input layout (--estimate.tp_inputs=linear: ColwiseParallel on
+# wq, wk, wv, w1 and w3 with no PrepareModuleInput at the attention and MLP modules, as KempnerForge's) redistributes
+# the block's two inputs once per linear: each linear's input gradient comes back Partial and is reduced on its
+# own, 5 backward collectives (reduce-scatters under sequence parallelism, all-reduces without) where a
+# module-level plan sums the three (two) gradients first and reduces 2. Counted on this project's CPU (2 gloo
+# ranks, torch 2.13, that plan on a small block; docs/estimate_log.md, "Per-linear TP inputs"): sequence parallel,
+# eager 7 all-gathers + 7 reduce-scatters a forward and backward, compiled 4 + 7 (AOTAutograd's CSE merges the
+# forward's identical all-gathers, not the backward's reduce-scatters of different gradients), 6 + 8 with the
+# compiled recompute; without sequence parallelism 7 all-reduces, eager or compiled. A module-level plan: 4 + 4.
+PER_LINEAR_EXTRA_INPUTS = (3 - 1) + (2 - 1)  # wq, wk, wv share the attention's input; w1, w3 the MLP's
+
+
 def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float, float, float]:
     """Seconds of one block's tensor-parallel collectives (before exposure): (forward, recompute, backward)."""
     if plan.tp == 1:
@@ -865,19 +877,23 @@ def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float
         return _ring(plan, r, elems * nbytes, plan.tp, 1, kind)
 
     b = plan.act_bytes
+    per_linear = plan.cfg.estimate.tp_inputs == "linear"
     if plan.sequence_parallel:
         # forward 2 all-gathers + 2 reduce-scatters, backward the same; recompute repeats the forward
         # all-gathers first, then the reduce-scatters
         attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
         fwd_ag = coll(attn_in) + coll(ffn_in)
+        if per_linear and not plan.compile_model:  # eager: wq, wk, wv and w1, w3 each gather their input
+            fwd_ag = 3 * coll(attn_in) + 2 * coll(ffn_in)
         rs = coll(b, "reduce_scatter")
         n = tp_collectives_recomputed(mode, plan.shape.recompute_stops_early)
         rec = (fwd_ag if n >= 2 else 0.0) + max(0, n - 2) * rs
-        return fwd_ag + 2 * rs, rec, coll(wo_grad) + coll(w2_grad) + 2 * rs
+        bwd_rs = (2 + PER_LINEAR_EXTRA_INPUTS if per_linear else 2) * rs
+        return fwd_ag + 2 * rs, rec, coll(wo_grad) + coll(w2_grad) + bwd_rs
     # 2 all-reduces forward, 2 backward (2 more for full recompute, 1 when it stops before w2)
     ar = coll(b, "all_reduce")
     n_rec = (1 if plan.shape.recompute_stops_early else 2) if mode == "full" else 0
-    return 2 * ar, n_rec * ar, 2 * ar
+    return 2 * ar, n_rec * ar, (2 + (PER_LINEAR_EXTRA_INPUTS if per_linear else 0)) * ar
 
 
 def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool) -> float:
