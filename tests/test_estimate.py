@@ -2424,6 +2424,33 @@ def test_per_linear_tp_inputs_add_the_collectives_counted_for_that_plan():
     assert est["linear"]["memory_gib"] == est["module"]["memory_gib"]
 
 
+def test_replicated_tp_head_projects_the_whole_vocabulary_on_every_tp_rank():
+    """--estimate.tp_head=replicated (KempnerForge's plan on a pipeline stage, without sequence parallelism): the
+    output projection is not split over the TP ranks, so each holds all of it over its FSDP shards, runs its whole
+    GEMMs, and has no TP collective for it (no logits to gather, its input gradient whole on every rank); the loss
+    cannot be vocabulary-parallel."""
+    from torchtitan.estimate import steptime
+
+    argv = ["--model.flavor=8B", "--estimate.hardware=h100-sxm", "--estimate.num_devices=8",
+            "--parallelism.tensor_parallel_degree=4", "--parallelism.data_parallel_shard_degree=2",
+            "--training.local_batch_size=2", "--training.seq_len=4096", "--parallelism.enable_sequence_parallel=false",
+            "--parallelism.enable_loss_parallel=false"]  # fmt: skip
+    plans = {x: build_plan(parse_args([*argv, f"--estimate.tp_head={x}"])) for x in ("sharded", "replicated")}
+    vocab, dim = 128256, 4096
+    assert (
+        plans["replicated"].head_params() - dim == vocab * dim == 4 * (plans["sharded"].head_params() - dim)
+    )
+    passes = {x: steptime.head_pass(p, steptime.Rates(p), 8192) for x, p in plans.items()}
+    assert passes["replicated"].matmul == pytest.approx(4 * passes["sharded"].matmul, rel=0.05)
+    for x, p in plans.items():
+        r = steptime.Rates(p)
+        gather = steptime._logits_gather(p, r, 8192, True)
+        edges = steptime._tp_edges(p, r, 8192, False, True)
+        assert (gather > 0 and edges > 0) if x == "sharded" else (gather == 0.0 and edges == 0.0)
+    lp = build_plan(parse_args([*argv[:-1], "--estimate.tp_head=replicated"]))
+    assert lp.cfg.parallelism.enable_loss_parallel and not lp.loss_parallel and lp.loss_vocab == vocab
+
+
 def test_replicated_tp_embedding_holds_the_whole_table_on_every_tp_rank():
     """--estimate.tp_embedding=replicated (KempnerForge's TP plan): the token embedding is not split over the TP
     ranks, so each holds the whole table over its FSDP shards (parameters, gradients, moments), gathers all of it,

@@ -562,6 +562,12 @@ class Estimate:
         " = the whole table on every TP rank, its output sliced for sequence parallelism (KempnerForge's TP plan:"
         " for runs of that software)",
     )
+    tp_head: Literal["sharded", "replicated"] = opt(
+        "sharded",
+        "the output projection under tensor parallelism: sharded (this trainer: column-wise over the TP ranks, its"
+        " logits gathered without loss parallel) or replicated = the whole projection on every TP rank, no TP"
+        " collective for it (KempnerForge's plan on its pipeline stages: for runs of that software)",
+    )
     tp_inputs: Literal["module", "linear"] = opt(
         "module",
         "where a TP plan redistributes the attention's and the MLP's input: module (this trainer and torchtitan:"

@@ -228,7 +228,7 @@ def fsdp_shard_params(plan: Plan, rank: int, index: int = 0) -> int:
             if lin.colwise
             else shard(lin.out_features, lin.in_features // tp)
         )
-    vocab_rows = plan.args.vocab_size // tp
+    vocab_rows = plan.args.vocab_size // plan.head_tp_shards
     total = n_blocks * block
     if has_emb:
         total += shard(plan.args.vocab_size // plan.embedding_tp_shards, d)
@@ -285,7 +285,7 @@ def autocast_weight_copies(plan: Plan, n_blocks: int, has_head: bool, modes: lis
     kept = sum(1 for m in modes if m == "none")
     copies = kept * lin_bytes + (lin_bytes if kept < n_blocks else 0.0)  # + the block recasting in backward
     if has_head:  # the output linear (a tied head casts the embedding table: its copy all the same)
-        copies += plan.head.in_features * plan.head.out_features / plan.tp * plan.act_bytes
+        copies += plan.head.in_features * plan.head.out_features / plan.head_tp_shards * plan.act_bytes
     return copies
 
 

@@ -377,7 +377,13 @@ class Plan:
 
     @property
     def loss_parallel(self) -> bool:
-        return self.tp > 1 and self.cfg.parallelism.enable_loss_parallel
+        """The loss over vocabulary shards: needs the output projection split over the TP ranks (a replicated head,
+        --estimate.tp_head=replicated, holds the whole logits)."""
+        return (
+            self.tp > 1
+            and self.cfg.parallelism.enable_loss_parallel
+            and self.cfg.estimate.tp_head == "sharded"
+        )
 
     @property
     def loss_vocab(self) -> float:
@@ -545,9 +551,19 @@ class Plan:
             return self.embedding_params()
         return self.args.vocab_size * self.args.dim
 
+    @property
+    def head_tp_shards(self) -> int:
+        """TP ranks the output projection is split over: all of them (this trainer, column-wise), or 1 where every
+        TP rank runs the whole projection (--estimate.tp_head=replicated)."""
+        return self.tp if self.cfg.estimate.tp_head == "sharded" else 1
+
+    def tp_shards(self, lin) -> int:
+        """TP ranks a linear of the model (a block's, or the head) is split over."""
+        return self.head_tp_shards if lin is self.head else self.tp
+
     def head_params(self) -> float:
         """norm + output (0 for the output when tied: it is the embedding's table)."""
-        out = 0 if self.args.tie_embeddings else self.args.vocab_size * self.args.dim / self.tp
+        out = 0 if self.args.tie_embeddings else self.args.vocab_size * self.args.dim / self.head_tp_shards
         return out + self.args.dim
 
 

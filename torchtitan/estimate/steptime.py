@@ -327,7 +327,7 @@ def autocast_cast_params(plan: Plan, linears) -> float:
     linear casts its own)."""
     if not plan.autocast:
         return 0.0
-    return sum(lin.in_features * lin.out_features for lin in linears if not lin.float8) / plan.tp
+    return sum(lin.in_features * lin.out_features / plan.tp_shards(lin) for lin in linears if not lin.float8)
 
 
 FLOAT8_TP_GROUPS = {
@@ -589,7 +589,7 @@ def grad_accumulator_time(plan: Plan, r: Rates, params: float) -> float:
 def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     """Final norm, output projection and loss over `tokens` tokens."""
     p, b = Pass(), plan.act_bytes
-    f, bw = _linear_time(r, plan.head, tokens, plan.tp, b)
+    f, bw = _linear_time(r, plan.head, tokens, plan.head_tp_shards, b)
     p.matmul = f + bw
     p.gemms = 3
     in_place = head_in_place(plan)
@@ -608,7 +608,7 @@ def head_pass(plan: Plan, r: Rates, tokens: float) -> Pass:
     w = autocast_weight_cast_bytes(plan, [plan.head]) / r.hbm  # the output weight's cast (tied: the table's)
     p.elementwise += 2 * w + autocast_weight_grad_upcast(plan, r, [plan.head])  # the head is never compiled
     relayout = 0.0
-    if plan.tp > 1 and not plan.loss_parallel:
+    if plan.head_tp_shards > 1 and not plan.loss_parallel:
         # the gathered logits arrive stacked on dim 0 (NCCL's layout) and are re-laid onto the vocabulary
         # dimension: one read and one write of the whole [tokens, vocab] (_logits_gather prices the gather)
         relayout = 2 * tokens * plan.args.vocab_size * b / r.hbm
@@ -899,7 +899,9 @@ def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float
 def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool) -> float:
     """Seconds of the embedding's and the head's TP collectives in one pass (half forward, half backward). A
     replicated embedding (--estimate.tp_embedding=replicated) has no forward collective (sequence parallelism slices
-    its output) and, under sequence parallelism, one backward all-gather of its output's gradient."""
+    its output) and, under sequence parallelism, one backward all-gather of its output's gradient. Under sequence
+    parallelism the head's input is gathered from the sequence shards whether the head is split or not; without it
+    a replicated head (--estimate.tp_head=replicated) has none (its input gradient is whole on every rank)."""
     if plan.tp == 1:
         return 0.0
     kind = "all_gather" if plan.sequence_parallel else "all_reduce"
@@ -907,7 +909,7 @@ def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool
     if plan.sequence_parallel:
         n = ((1 if replicated else 2) if has_emb else 0) + (2 if has_head else 0)
     else:  # all-reduces, forward only
-        n = (0 if replicated else int(has_emb)) + int(has_head)
+        n = (0 if replicated else int(has_emb)) + int(has_head and plan.head_tp_shards > 1)
     return n * _ring(plan, r, tokens * plan.args.dim * plan.act_bytes, plan.tp, 1, kind)
 
 
@@ -916,7 +918,7 @@ def _logits_gather(plan: Plan, r: Rates, tokens: float, has_head: bool) -> float
     head's output layout is Replicate (parallel/tensor.py), an all-gather of the vocabulary shards forward on the
     critical path (the loss needs it); backward takes the rank's slice of the replicated gradient, no collective.
     Async TP does not fuse it (no matmul consumes it)."""
-    if plan.tp == 1 or not has_head or plan.loss_parallel:
+    if plan.head_tp_shards == 1 or not has_head or plan.loss_parallel:
         return 0.0
     return _ring(plan, r, tokens * plan.args.vocab_size * plan.act_bytes, plan.tp, 1, "all_gather")
 
