@@ -536,11 +536,12 @@ def sp_layout_copy_bytes(plan: Plan, mode: str) -> tuple[float, float, float]:
         # only the backward's two reduce-scatters, which async TP leaves unfused (`async_tp_unfused`), copy
         return 0.0, 2 * d * 2 * b, 0.0
     attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
+    attn_gathers, ffn_gathers, input_grads = tp_input_collectives(plan)
     gather_copies = plan.microbatch_seqs > 1  # all-gather output re-laid only when the local batch is > 1
-    ag_f = (attn_in + ffn_in) if gather_copies else 0
+    ag_f = (attn_gathers * attn_in + ffn_gathers * ffn_in) if gather_copies else 0
     ag_b = (wo_grad + w2_grad) if gather_copies else 0
-    fwd = 2 * d * (ag_f + 2 * b)  # 2 all-gathers + 2 reduce-scatters, each read + written
-    bwd = 2 * d * (ag_b + 2 * b)
+    fwd = 2 * d * (ag_f + 2 * b)  # the all-gathers + 2 reduce-scatters, each read + written
+    bwd = 2 * d * (ag_b + input_grads * b)
     n = tp_collectives_recomputed(mode, plan.shape.recompute_stops_early)
     rec = 2 * d * ((ag_f if n >= 2 else 0) + max(0, n - 2) * b)
     return fwd, bwd, rec
@@ -867,6 +868,18 @@ def async_tp_unfused(plan: Plan, r: Rates, tokens: float, modes: list[str]) -> f
 PER_LINEAR_EXTRA_INPUTS = (3 - 1) + (2 - 1)  # wq, wk, wv share the attention's input; w1, w3 the MLP's
 
 
+def tp_input_collectives(plan: Plan) -> tuple[int, int, int]:
+    """(forward gathers of the attention's input, of the MLP's input, backward reductions of the two inputs'
+    gradients) of one block under sequence parallelism (without it the gathers are none and the reductions
+    all-reduces): 1, 1, 2 for a module-level plan; per linear (--estimate.tp_inputs=linear) 3, 2, 5 eager and 1, 1,
+    5 compiled (CSE merges the forward's gathers of one tensor)."""
+    if plan.cfg.estimate.tp_inputs != "linear":
+        return 1, 1, 2
+    if plan.compile_model:
+        return 1, 1, 2 + PER_LINEAR_EXTRA_INPUTS
+    return 3, 2, 2 + PER_LINEAR_EXTRA_INPUTS
+
+
 def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float, float, float]:
     """Seconds of one block's tensor-parallel collectives (before exposure): (forward, recompute, backward)."""
     if plan.tp == 1:
@@ -877,23 +890,20 @@ def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float
         return _ring(plan, r, elems * nbytes, plan.tp, 1, kind)
 
     b = plan.act_bytes
-    per_linear = plan.cfg.estimate.tp_inputs == "linear"
+    attn_gathers, ffn_gathers, input_grads = tp_input_collectives(plan)
     if plan.sequence_parallel:
-        # forward 2 all-gathers + 2 reduce-scatters, backward the same; recompute repeats the forward
-        # all-gathers first, then the reduce-scatters
+        # forward 2 all-gathers + 2 reduce-scatters, backward the same (a module-level plan); recompute repeats
+        # the forward all-gathers first, then the reduce-scatters
         attn_in, ffn_in, wo_grad, w2_grad = sp_all_gather_bytes(plan)
-        fwd_ag = coll(attn_in) + coll(ffn_in)
-        if per_linear and not plan.compile_model:  # eager: wq, wk, wv and w1, w3 each gather their input
-            fwd_ag = 3 * coll(attn_in) + 2 * coll(ffn_in)
+        fwd_ag = attn_gathers * coll(attn_in) + ffn_gathers * coll(ffn_in)
         rs = coll(b, "reduce_scatter")
         n = tp_collectives_recomputed(mode, plan.shape.recompute_stops_early)
         rec = (fwd_ag if n >= 2 else 0.0) + max(0, n - 2) * rs
-        bwd_rs = (2 + PER_LINEAR_EXTRA_INPUTS if per_linear else 2) * rs
-        return fwd_ag + 2 * rs, rec, coll(wo_grad) + coll(w2_grad) + bwd_rs
+        return fwd_ag + 2 * rs, rec, coll(wo_grad) + coll(w2_grad) + input_grads * rs
     # 2 all-reduces forward, 2 backward (2 more for full recompute, 1 when it stops before w2)
     ar = coll(b, "all_reduce")
     n_rec = (1 if plan.shape.recompute_stops_early else 2) if mode == "full" else 0
-    return 2 * ar, n_rec * ar, (2 + (PER_LINEAR_EXTRA_INPUTS if per_linear else 0)) * ar
+    return 2 * ar, n_rec * ar, input_grads * ar
 
 
 def _tp_edges(plan: Plan, r: Rates, tokens: float, has_emb: bool, has_head: bool) -> float:
