@@ -433,6 +433,20 @@ _KEMPNER_TP_PP = (
     " GB200 sweep has PP 4 x FSDP 2 within the goal and FSDP 2 x TP 2 x PP 2 at +20 .. +32 %: pipeline parallelism"
     " and TP are each priced, their combination is not: not explained"
 )
+_ULTRASCALE_TP = (
+    "The Ultra-Scale Playbook's nanotron sweep, its 8B MHA shape at TP 8 on one node of 8 H100s (out of sample,"
+    " thirty-third pass; 256 x 4096 tokens a step, no AC, eager, one step's wall time): micro-batch 1 x 256"
+    " micro-steps +15.8 %, micro-batch 8 x 32 -17.7 % (the TP 4 x DP 2 row, micro-batch 1, +13.3 %, within):"
+    " published 3,616 / 5,909 tokens/s, the larger micro-batch 1.63x faster where the estimate makes it 1.16x."
+    " Mapped with nanotron's TP as vanilla sequence-parallel TP, fully exposed (estimated 8.3 / 5.8 s of a 31.3 /"
+    " 27.0 s step): its hand-written overlap (tp_linear_async_communication: the forward all-gather beside the local"
+    " shard's GEMM, the backward reduce-scatter beside the weight gradient's) and its backward re-gather"
+    " (tp_recompute_allgather) are not priced; nor is the host's launch rate, which a micro-batch of one sequence"
+    " over 8 ranks (21.8 % MFU published) may be bound by. A what-if after the errors were known, not applied:"
+    " nanotron keeps bf16 parameters (no autocast casts in each of the 256 / 32 micro-steps), which neither this"
+    " source's mapping nor the DDP rows' expresses; with --estimate.model_dtype=bfloat16 the two rows would be +47.2 /"
+    " +2.7 %: not explained"
+)
 _KEMPNER_PP_MEM = (
     "KempnerForge's config validation report (code 601aba9; out of sample, twenty-fifth pass), rank 0's peak (torch's"
     " max allocated, the first stage) of the 13B PP 2 and 70B PP 4 rows (PP x FSDP x TP 4, 1F1B, full AC, eager):"
@@ -614,6 +628,10 @@ OUTSIDE: dict[tuple[str, str], str] = {
     **{
         (f"h200x4_{m}_kempnerforge_cv", "memory GiB"): _KEMPNER_PP_MEM
         for m in ("13b_pp2_fsdp4_tp4", "70b_pp4_fsdp2_tp4")
+    },
+    **{
+        (f"h100_ultrascale_8b_mha_dp1_tp8_{m}_none_eager", "tokens/s/device"): _ULTRASCALE_TP
+        for m in ("b1_ga256", "b8_ga32")
     },
     **{
         (f"a100_{r}_b1_none_eager_yafsdp", "tokens/s/device"): _YAFSDP
