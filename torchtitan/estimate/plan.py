@@ -379,11 +379,7 @@ class Plan:
     def loss_parallel(self) -> bool:
         """The loss over vocabulary shards: needs the output projection split over the TP ranks (a replicated head,
         --estimate.tp_head=replicated, holds the whole logits)."""
-        return (
-            self.tp > 1
-            and self.cfg.parallelism.enable_loss_parallel
-            and self.cfg.estimate.tp_head == "sharded"
-        )
+        return self.cfg.parallelism.enable_loss_parallel and self.head_tp_shards > 1
 
     @property
     def loss_vocab(self) -> float:

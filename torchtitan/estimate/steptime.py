@@ -272,8 +272,10 @@ def autocast_weight_grad_upcast(plan: Plan, r: Rates, linears) -> float:
     return upcast_extra(plan, r, autocast_cast_params(plan, linears))
 
 
-# the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output)
-STREAM_INPUT_LINEARS = ("wq", "wk", "wv", "w1", "w3")
+# the linears whose input is a normed residual-stream tensor (the others read attention's / SwiGLU's bf16 output):
+# the attention's three, then the feed-forward's two
+ATTENTION_INPUT_LINEARS = ("wq", "wk", "wv")
+STREAM_INPUT_LINEARS = (*ATTENTION_INPUT_LINEARS, "w1", "w3")
 
 
 def stream_input_casts(plan: Plan) -> int:
@@ -865,19 +867,21 @@ def async_tp_unfused(plan: Plan, r: Rates, tokens: float, modes: list[str]) -> f
 # eager 7 all-gathers + 7 reduce-scatters a forward and backward, compiled 4 + 7 (AOTAutograd's CSE merges the
 # forward's identical all-gathers, not the backward's reduce-scatters of different gradients), 6 + 8 with the
 # compiled recompute; without sequence parallelism 7 all-reduces, eager or compiled. A module-level plan: 4 + 4.
-PER_LINEAR_EXTRA_INPUTS = (3 - 1) + (2 - 1)  # wq, wk, wv share the attention's input; w1, w3 the MLP's
 
 
 def tp_input_collectives(plan: Plan) -> tuple[int, int, int]:
     """(forward gathers of the attention's input, of the MLP's input, backward reductions of the two inputs'
     gradients) of one block under sequence parallelism (without it the gathers are none and the reductions
-    all-reduces): 1, 1, 2 for a module-level plan; per linear (--estimate.tp_inputs=linear) 3, 2, 5 eager and 1, 1,
-    5 compiled (CSE merges the forward's gathers of one tensor)."""
+    all-reduces): 1, 1, 2 for a module-level plan; per linear (--estimate.tp_inputs=linear) one of each for every
+    linear reading the input (STREAM_INPUT_LINEARS: wq, wk, wv and w1, w3), 3, 2, 5 eager and 1, 1, 5 compiled (CSE
+    merges the forward's gathers of one tensor)."""
     if plan.cfg.estimate.tp_inputs != "linear":
         return 1, 1, 2
+    attention = sum(1 for lin in plan.block_linears if lin.name in ATTENTION_INPUT_LINEARS)
+    ffn = stream_input_casts(plan) - attention
     if plan.compile_model:
-        return 1, 1, 2 + PER_LINEAR_EXTRA_INPUTS
-    return 3, 2, 2 + PER_LINEAR_EXTRA_INPUTS
+        return 1, 1, attention + ffn
+    return attention, ffn, attention + ffn
 
 
 def tp_block_comm(plan: Plan, r: Rates, tokens: float, mode: str) -> tuple[float, float, float]:
